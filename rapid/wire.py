@@ -1,0 +1,159 @@
+"""Frames exchanged by the edge runtime and the cloud verifier (both import this module).
+
+Every websocket message is one binary msgpack map with a type tag ``t``; integer arrays travel
+as little-endian int32 bytes. A tree is its tokens and parent indices (-1 = the root, the last
+committed token), never a dense mask.
+
+    edge → cloud   Hello(v, prompt, sampling, max_nodes, session?)   open or resume a session
+                   Tree(round, tokens, parents)                        verify these drafts
+                   Bye()
+    cloud → edge   Ready(session, vocab_size, capacity, max_nodes, committed)
+                   VerdictFrame(round, path, bonus, committed, verify_s)
+                   ErrorFrame(code, reason, round?)                    the round / session failed
+
+``decode`` never raises anything but ``WireError`` (with a machine-readable ``code``), whatever
+bytes it is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 8 * 1024 * 1024
+MAX_ARRAY = 1 << 20
+
+
+class WireError(Exception):
+    """A frame that cannot be accepted; ``code`` is sent back in an ErrorFrame."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(f"{code}: {reason}")
+        self.code = code
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class Hello:
+    prompt: list[int]
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    max_nodes: int = 64
+    session: str | None = None  # resume this session id when given
+    v: int = PROTOCOL_VERSION
+    T = "hello"
+
+
+@dataclass(slots=True)
+class Ready:
+    session: str
+    vocab_size: int
+    capacity: int
+    max_nodes: int
+    committed: int
+    T = "ready"
+
+
+@dataclass(slots=True)
+class Tree:
+    round: int
+    tokens: list[int]
+    parents: list[int]
+    T = "tree"
+
+
+@dataclass(slots=True)
+class VerdictFrame:
+    round: int
+    path: list[int]
+    bonus: int
+    committed: int  # committed length on the cloud after this verdict
+    verify_s: float = 0.0
+    T = "verdict"
+
+
+@dataclass(slots=True)
+class ErrorFrame:
+    code: str
+    reason: str
+    round: int | None = None
+    T = "error"
+
+
+@dataclass(slots=True)
+class Bye:
+    T = "bye"
+
+
+FRAMES: dict[str, type] = {c.T: c for c in (Hello, Ready, Tree, VerdictFrame, ErrorFrame, Bye)}
+_ARRAYS = {"prompt", "tokens", "parents", "path"}
+Frame = Hello | Ready | Tree | VerdictFrame | ErrorFrame | Bye
+
+# field name -> accepted python types (after msgpack decoding)
+_TYPES: dict[str, tuple[type, ...]] = {
+    "prompt": (list,), "tokens": (list,), "parents": (list,), "path": (list,),
+    "temperature": (float, int), "top_p": (float, int), "verify_s": (float, int),
+    "top_k": (int,), "seed": (int,), "max_nodes": (int,), "v": (int,), "round": (int, type(None)),
+    "bonus": (int,), "committed": (int,), "vocab_size": (int,), "capacity": (int,),
+    "session": (str, type(None)), "code": (str,), "reason": (str,)
+}
+
+
+def _pack_ints(values: list[int]) -> bytes:
+    arr = np.asarray(values, dtype=np.int64)
+    if arr.size and (arr.min() < -(2**31) or arr.max() >= 2**31):
+        raise WireError("bad_value", "integer outside int32")
+    return arr.astype("<i4").tobytes()
+
+
+def encode(frame: Frame) -> bytes:
+    body: dict[str, Any] = {"t": frame.T}
+    for k, v in asdict(frame).items():
+        body[k] = _pack_ints(v) if k in _ARRAYS else v
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def decode(data: bytes | str) -> Frame:
+    """Parse one frame; raise ``WireError`` for anything malformed."""
+    if isinstance(data, str):
+        raise WireError("bad_frame", "text frames are not accepted; send binary msgpack")
+    if len(data) > MAX_FRAME_BYTES:
+        raise WireError("too_large", f"frame of {len(data)} bytes exceeds {MAX_FRAME_BYTES}")
+    try:
+        body = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=MAX_FRAME_BYTES,
+                               max_str_len=1 << 16, max_array_len=1 << 10, max_map_len=64)
+    except Exception as e:  # msgpack raises many types on garbage
+        raise WireError("bad_frame", f"not a msgpack frame ({type(e).__name__})") from None
+    if not isinstance(body, dict) or not isinstance(body.get("t"), str):
+        raise WireError("bad_frame", "a frame is a map with a string type tag 't'")
+    cls = FRAMES.get(body.pop("t"))
+    if cls is None:
+        raise WireError("unknown_type", "unknown frame type")
+    names = set(cls.__dataclass_fields__)
+    unknown = set(body) - names
+    if unknown:
+        raise WireError("bad_frame", f"unknown fields {sorted(map(str, unknown))[:5]}")
+    kwargs: dict[str, Any] = {}
+    for k, v in body.items():
+        if k in _ARRAYS:
+            if not isinstance(v, bytes) or len(v) % 4 or len(v) // 4 > MAX_ARRAY:
+                raise WireError("bad_frame", f"field {k!r} must be int32 bytes")
+            v = np.frombuffer(v, dtype="<i4").astype(np.int64).tolist()
+        elif not isinstance(v, _TYPES[k]) or isinstance(v, bool):
+            raise WireError("bad_frame", f"field {k!r} has the wrong type")
+        elif isinstance(v, float) and not np.isfinite(v):
+            raise WireError("bad_value", f"field {k!r} is not finite")
+        kwargs[k] = v
+    try:
+        frame = cls(**kwargs)
+    except TypeError:
+        raise WireError("bad_frame", f"{cls.T} frame is missing fields") from None
+    if isinstance(frame, Hello) and frame.v != PROTOCOL_VERSION:
+        raise WireError("bad_version", f"protocol version {frame.v} is not supported (server speaks {PROTOCOL_VERSION})")
+    return frame

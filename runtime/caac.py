@@ -1,0 +1,373 @@
+"""CAAC: congestion-aware adaptive controller for the speculative draft depth.
+
+Each round the edge drafts a token tree of depth ``L`` (``L`` expansion steps, each feeding
+``T`` tokens to the draft model); the cloud answers with the accepted length ``a`` in
+``0..L``. CAAC picks ``L`` for the next round from a physical and a logical path. It is
+pure: no clocks, no I/O. The caller measures durations and passes them in.
+
+Control law (``c`` = :class:`CAACConfig`; ``L_base`` = ``initial_depth``)
+----------------------------------------------------------------------------
+Physical path, per expansion step (``observe_step(seconds, tokens)``)::
+
+    tau_cur  = max(seconds / tokens, tau_floor)
+    tau_fast <- tau_fast + alpha_fast * (tau_cur - tau_fast)   # first sample: tau_fast = tau_cur
+    tau_slow <- tau_fast                                        # while steps <= n_warmup
+    tau_slow <- tau_slow + r * (tau_cur - tau_slow)             # afterwards, with
+    r = alpha_slow       if tau_fast / tau_slow <= band_hi     # normal band (or faster)
+      = alpha_slow_hold  otherwise                             # hysteresis: near-frozen
+    ESR = tau_fast / tau_slow
+    eta = 1                                            if steps < n_warmup or ESR <= band_hi
+        = clamp((band_hi / ESR) ** gamma, eta_min, 1)  otherwise
+
+``eta`` is continuous at ``band_hi``; with ``gamma = 1`` it keeps ``L * tau`` (the drafting
+time per round) roughly constant above the band. Baseline absorption: under a sustained
+slowdown ``s = tau_after / tau_before`` the baseline moves at ``alpha_slow_hold`` until ESR
+re-enters the band, which takes ``n = ln((s - 1) / (s * (1 - 1/band_hi))) / -ln(1 -
+alpha_slow_hold)`` steps, never more than ``ln(band_hi / (band_hi - 1)) / alpha_slow_hold``
+(~1800 steps with the defaults; ~1100 for ``s = 2``, i.e. ~275 rounds of 4 steps, tens of
+seconds at 20-50 ms per step). From then on ``eta = 1``: a permanent change of machine is
+punished for a bounded time (the depth itself is back once ``eta * B_hat`` rounds to it, e.g.
+~150 rounds for ``s = 2`` at depth 4), while a contention episode shorter than that keeps the
+gate closed. Slow drifts that stay inside the band are followed at ``alpha_slow`` (that is
+a change of machine state, not congestion).
+
+Logical path, per round (``observe_round(accepted, depth, cloud_seconds)``)::
+
+    A   <- A + alpha_acc * (min(accepted, depth) / depth - A)   # A starts at target
+    e    = A - target_acceptance;   de = e - e_prev
+    I   <- I + e     unless (conditional integration) depth != round(B_hat), or
+                     e > 0 and B_raw >= max_depth, or e < 0 and B_raw <= min_depth;
+                     then I is clamped to
+                     [(min_depth - L_base) / ki, (max_depth - L_base) / ki]      # anti-windup
+    B_raw = L_base + kp * e + ki * I + kd * de;     B_hat = clamp(B_raw, min_depth, max_depth)
+
+(``B_raw`` in the saturation test uses the new P and D terms and the old I; ``B_hat`` in the
+``depth`` test is the value before this round's update, i.e. the one behind the decision.)
+The ``depth != round(B_hat)`` clause freezes the integral when the executed depth was cut
+(by ``eta``, the time cap or the caller): shallower trees are accepted at a higher ratio, and
+integrating that would teach the logical loop to undo the physical throttling. It is
+symmetric so that noisy rounds at a cut depth cannot bias I either way; the P and D terms
+still respond to them (with a chain plant they push back by a fraction of a step). Depths
+are integers, so when no depth gives exactly ``A*`` the loop dithers between neighbours.
+
+Fusion and time cap (``next_depth(proactive)``)::
+
+    L = clamp(round_half_up(eta * B_hat), min_depth, max_depth)
+    if proactive and time_cap and cloud EMA known:        # separate, switchable step
+        C = EMA(cloud_seconds) with alpha_cloud;  T_hat = EMA(tokens per step) with alpha_fast
+        L = min(L, max(min_depth, floor(C / (tau_fast * T_hat))))
+
+With proactive drafting the edge drafts the next tree while the cloud verifies, so drafting
+longer than one cloud response (RTT + verify) makes the edge the bottleneck.
+
+Input guards: a step with non-finite / non-positive ``seconds``, ``seconds > max_seconds``
+(non-physical, e.g. the process was suspended) or ``tokens < 1`` is ignored; so is a round
+with ``depth < 1``, ``accepted < 0`` or non-integral values (``accepted > depth`` is clamped),
+and a ``cloud_seconds`` that fails the duration test. Ignored inputs are counted in
+:meth:`CAAC.snapshot`. Every output is finite and the depth stays in [min_depth, max_depth].
+
+Defaults (the test scenarios in tests/runtime/test_caac.py are the calibration):
+alpha_fast=0.3 (2x slowdown shows as ESR > 1.2 after one step and ~1.8 after one round of
+4 steps), alpha_slow=0.01 (~100-step baseline in the band), alpha_slow_hold=0.001 (bounds
+absorption as above; after 50 rounds of a 2x slowdown ESR is still ~1.7), n_warmup=8 (two
+rounds of 4), band_hi=1.2 (jitter of a shared edge CPU/GPU stays below 20 %), gamma=1 (keep
+draft time per round constant), eta_min=0.25 (never cut below a quarter), alpha_acc=0.3
+(acceptance memory of ~3 rounds), target_acceptance=0.65 (for per-token acceptance p the
+depth settles where the deepest drafted token still has ~45-50 % acceptance), kp=4 (all
+accepted: +1.4, none accepted: -2.6 depth immediately), ki=0.75 (all accepted reaches depth 8
+in ~11 rounds; 0.5 dithers over 6-8 at p = 0.9), kd=0.5 (mild damping of the acceptance EMA),
+alpha_cloud=0.3 (RTT jitter smoothed over ~3 rounds), tau_floor=1e-9 s/token and
+max_seconds=3600 (physical limits, only guard against garbage), min/max_depth=1/8.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Protocol
+
+__all__ = ["CAAC", "CAACConfig", "CAACDecision", "DepthController", "FixedDepth"]
+
+_INT_FIELDS = ("min_depth", "max_depth", "n_warmup")
+
+
+@dataclass(slots=True, frozen=True)
+class CAACConfig:
+    """Every constant of the control law (see the module docstring for the formulas)."""
+
+    min_depth: int = 1  # lowest depth ever returned
+    max_depth: int = 8  # highest depth ever returned
+    alpha_fast: float = 0.3  # EMA rate of tau_fast and of the tokens-per-step estimate
+    alpha_slow: float = 0.01  # EMA rate of the baseline tau_slow while ESR <= band_hi
+    alpha_slow_hold: float = 0.001  # baseline rate while ESR > band_hi (hysteresis)
+    n_warmup: int = 8  # steps before the gate may act; tau_slow tracks tau_fast until then
+    band_hi: float = 1.2  # top of the normal ESR band (eta = 1 inside)
+    gamma: float = 1.0  # gate exponent: eta = (band_hi / ESR) ** gamma above the band
+    eta_min: float = 0.25  # floor of the gate
+    tau_floor: float = 1e-9  # s/token; smaller measured per-token times are raised to this
+    max_seconds: float = 3600.0  # durations above this are ignored as non-physical
+    alpha_acc: float = 0.3  # EMA rate of the acceptance ratio accepted / depth
+    target_acceptance: float = 0.65  # PID set point A*
+    kp: float = 4.0  # proportional gain (depth per unit acceptance error)
+    ki: float = 0.75  # integral gain (depth per unit error per round)
+    kd: float = 0.5  # derivative gain (depth per unit error change per round)
+    alpha_cloud: float = 0.3  # EMA rate of the cloud response time (RTT + verify)
+    time_cap: bool = True  # apply the time-budget cap when next_depth(proactive=True)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "time_cap":
+                if not isinstance(v, bool):
+                    raise ValueError(f"CAACConfig.time_cap must be a bool, got {v!r}")
+                continue
+            if f.name in _INT_FIELDS:
+                if isinstance(v, bool) or not isinstance(v, int):
+                    raise ValueError(f"CAACConfig.{f.name} must be an int, got {v!r}")
+            elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"CAACConfig.{f.name} must be a finite number, got {v!r}")
+
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ValueError(f"CAACConfig: {msg}")
+
+        need(1 <= self.min_depth <= self.max_depth,
+             f"need 1 <= min_depth <= max_depth, got {self.min_depth}, {self.max_depth}")
+        need(0 < self.alpha_slow_hold <= self.alpha_slow < self.alpha_fast <= 1,
+             "need 0 < alpha_slow_hold <= alpha_slow < alpha_fast <= 1, got "
+             f"{self.alpha_slow_hold}, {self.alpha_slow}, {self.alpha_fast}")
+        need(self.n_warmup >= 0, f"n_warmup must be >= 0, got {self.n_warmup}")
+        need(self.band_hi >= 1, f"band_hi must be >= 1, got {self.band_hi}")
+        need(self.gamma > 0, f"gamma must be > 0, got {self.gamma}")
+        need(0 < self.eta_min <= 1, f"eta_min must be in (0, 1], got {self.eta_min}")
+        need(self.tau_floor > 0, f"tau_floor must be > 0, got {self.tau_floor}")
+        need(self.max_seconds > self.tau_floor,
+             f"max_seconds must be > tau_floor, got {self.max_seconds}")
+        need(0 < self.alpha_acc <= 1, f"alpha_acc must be in (0, 1], got {self.alpha_acc}")
+        need(0 < self.target_acceptance < 1,
+             f"target_acceptance must be in (0, 1), got {self.target_acceptance}")
+        for name in ("kp", "ki", "kd"):
+            need(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
+        need(0 < self.alpha_cloud <= 1, f"alpha_cloud must be in (0, 1], got {self.alpha_cloud}")
+
+
+@dataclass(slots=True, frozen=True)
+class CAACDecision:
+    """The depth for the next round and the signals that produced it (for telemetry)."""
+
+    depth: int
+    tau_cur: float
+    tau_fast: float
+    tau_slow: float
+    esr: float
+    eta: float
+    acceptance: float
+    b_hat: float
+    capped_by_time: bool
+
+
+class DepthController(Protocol):
+    """What the coordinator needs from a depth policy (CAAC or FixedDepth)."""
+
+    def observe_step(self, seconds: float, tokens: int) -> None: ...
+
+    def observe_round(self, accepted: int, depth: int,
+                      cloud_seconds: float | None = None) -> None: ...
+
+    def next_depth(self, proactive: bool = False) -> CAACDecision: ...
+
+    def snapshot(self) -> dict: ...
+
+
+def _round_half_up(x: float) -> int:
+    return math.floor(x + 0.5)
+
+
+def _as_int(x: object) -> int | None:
+    """``x`` as an int if it is an integral finite number (bools rejected), else None."""
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, int):
+        return x
+    if isinstance(x, float) and math.isfinite(x) and x.is_integer():
+        return int(x)
+    try:  # numpy integers and the like
+        return int(x.__index__())  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):
+        return None
+
+
+class CAAC:
+    """Congestion-aware adaptive depth controller; see the module docstring."""
+
+    def __init__(self, config: CAACConfig | None = None, initial_depth: int = 4):
+        self.config = config if config is not None else CAACConfig()
+        c = self.config
+        d = _as_int(initial_depth)
+        if d is None or not c.min_depth <= d <= c.max_depth:
+            raise ValueError(f"initial_depth must be an int in [{c.min_depth}, "
+                             f"{c.max_depth}], got {initial_depth!r}")
+        self.base_depth = d
+        self._steps = 0
+        self._tau_cur = self._tau_fast = self._tau_slow = 0.0
+        self._tokens_per_step = 0.0
+        self._rounds = 0
+        self._acc = c.target_acceptance
+        self._err = 0.0
+        self._d_err = 0.0
+        self._integral = 0.0
+        self._cloud = 0.0  # 0 = no measurement yet
+        self._ignored_steps = 0
+        self._ignored_rounds = 0
+
+    def _duration_ok(self, seconds: object) -> bool:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            try:
+                seconds = float(seconds)  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                return False
+        return math.isfinite(seconds) and 0 < seconds <= self.config.max_seconds
+
+    # ---- physical path -------------------------------------------------------------
+    def observe_step(self, seconds: float, tokens: int) -> None:
+        """Record one complete draft expansion step that fed ``tokens`` tokens."""
+        c = self.config
+        n = _as_int(tokens)
+        if n is None or n < 1 or not self._duration_ok(seconds):
+            self._ignored_steps += 1
+            return
+        tau = max(float(seconds) / n, c.tau_floor)
+        self._tau_cur = tau
+        if self._steps == 0:
+            self._tau_fast = self._tau_slow = tau
+            self._tokens_per_step = float(n)
+        else:
+            self._tau_fast += c.alpha_fast * (tau - self._tau_fast)
+            self._tokens_per_step += c.alpha_fast * (n - self._tokens_per_step)
+            if self._steps < c.n_warmup:
+                self._tau_slow = self._tau_fast
+            else:
+                in_band = self._tau_fast <= c.band_hi * self._tau_slow
+                rate = c.alpha_slow if in_band else c.alpha_slow_hold
+                self._tau_slow += rate * (tau - self._tau_slow)
+        self._tau_slow = max(self._tau_slow, c.tau_floor)
+        self._steps += 1
+
+    def _gate(self) -> tuple[float, float]:
+        """(esr, eta) from the current physical state."""
+        c = self.config
+        if self._steps == 0:
+            return 1.0, 1.0
+        esr = self._tau_fast / self._tau_slow
+        if self._steps < c.n_warmup or esr <= c.band_hi:
+            return esr, 1.0
+        return esr, min(1.0, max(c.eta_min, (c.band_hi / esr) ** c.gamma))
+
+    # ---- logical path --------------------------------------------------------------
+    def _b_raw(self) -> float:
+        c = self.config
+        return self.base_depth + c.kp * self._err + c.ki * self._integral + c.kd * self._d_err
+
+    def _b_hat(self) -> float:
+        c = self.config
+        return min(float(c.max_depth), max(float(c.min_depth), self._b_raw()))
+
+    def observe_round(self, accepted: int, depth: int, cloud_seconds: float | None = None) -> None:
+        """Record one verified round: ``accepted`` of a depth-``depth`` tree."""
+        c = self.config
+        if cloud_seconds is not None and self._duration_ok(cloud_seconds):
+            cs = float(cloud_seconds)
+            self._cloud = cs if self._cloud == 0.0 else self._cloud + c.alpha_cloud * (
+                cs - self._cloud)
+        a, d = _as_int(accepted), _as_int(depth)
+        if a is None or d is None or a < 0 or d < 1:
+            self._ignored_rounds += 1
+            return
+        recommended = _round_half_up(self._b_hat())  # the logical depth behind this round
+        self._acc += c.alpha_acc * (min(a, d) / d - self._acc)
+        e = self._acc - c.target_acceptance
+        self._d_err = e - self._err
+        self._err = e
+        raw = self._b_raw()  # with the new P and D terms, the old integral
+        saturated = (e > 0 and raw >= c.max_depth) or (e < 0 and raw <= c.min_depth)
+        if d == recommended and not saturated:
+            self._integral += e
+        if c.ki > 0:
+            lo = (c.min_depth - self.base_depth) / c.ki
+            hi = (c.max_depth - self.base_depth) / c.ki
+            self._integral = min(hi, max(lo, self._integral))
+        else:
+            self._integral = 0.0
+        self._rounds += 1
+
+    # ---- fusion --------------------------------------------------------------------
+    def _time_cap(self) -> int | None:
+        """The time-budget depth cap, or None while unknown / not binding."""
+        c = self.config
+        if self._cloud <= 0.0 or self._steps == 0:
+            return None
+        budget = self._cloud / (self._tau_fast * self._tokens_per_step)
+        if not math.isfinite(budget) or budget >= c.max_depth:
+            return None
+        return max(c.min_depth, math.floor(budget + 1e-9))
+
+    def next_depth(self, proactive: bool = False) -> CAACDecision:
+        """The depth for the next round (does not change state)."""
+        c = self.config
+        esr, eta = self._gate()
+        b_hat = self._b_hat()
+        depth = min(c.max_depth, max(c.min_depth, _round_half_up(eta * b_hat)))
+        capped = False
+        if proactive and c.time_cap:
+            cap = self._time_cap()
+            if cap is not None and cap < depth:
+                depth, capped = cap, True
+        return self._decision(depth, esr, eta, b_hat, capped)
+
+    def _decision(self, depth: int, esr: float, eta: float, b_hat: float,
+                  capped: bool) -> CAACDecision:
+        return CAACDecision(depth=int(depth), tau_cur=self._tau_cur, tau_fast=self._tau_fast,
+                            tau_slow=self._tau_slow, esr=esr, eta=eta, acceptance=self._acc,
+                            b_hat=b_hat, capped_by_time=capped)
+
+    def snapshot(self) -> dict:
+        """Controller state for telemetry (plain floats / ints / bools)."""
+        esr, eta = self._gate()
+        cap = self._time_cap()
+        return {
+            "policy": type(self).__name__,
+            "steps": self._steps,
+            "rounds": self._rounds,
+            "ignored_steps": self._ignored_steps,
+            "ignored_rounds": self._ignored_rounds,
+            "tau_cur": self._tau_cur,
+            "tau_fast": self._tau_fast,
+            "tau_slow": self._tau_slow,
+            "esr": esr,
+            "eta": eta,
+            "tokens_per_step": self._tokens_per_step,
+            "acceptance": self._acc,
+            "error": self._err,
+            "integral": self._integral,
+            "b_hat": self._b_hat(),
+            "cloud_seconds": self._cloud,
+            "time_cap_depth": 0 if cap is None else cap,
+            "depth": self.next_depth(False).depth,
+            "depth_proactive": self.next_depth(True).depth,
+        }
+
+
+class FixedDepth(CAAC):
+    """Always returns ``depth``; still records taus and acceptance for telemetry.
+
+    The reported ``eta`` is 1.0 and ``b_hat`` is ``depth`` (nothing is applied); ``esr`` and
+    the taus are measured as by CAAC.
+    """
+
+    def __init__(self, depth: int = 4, config: CAACConfig | None = None):
+        super().__init__(config, initial_depth=depth)
+        self.depth = self.base_depth
+
+    def next_depth(self, proactive: bool = False) -> CAACDecision:
+        esr, _ = self._gate()
+        return self._decision(self.depth, esr, 1.0, float(self.depth), False)

@@ -1,0 +1,238 @@
+"""The edge's drafting state over one ``DraftEngine``: committed prefix, active tree, branch.
+
+Invariants (checked by tests):
+- draft KV slots ``[0, prefix_len)`` hold the committed tokens except ``pending``;
+- every fed tree node has a slot ≥ prefix_len; ``engine.kv_len`` is the next free slot;
+- the root of the active tree is the last committed token, at position ``len(committed) - 1``.
+
+One expansion step is one engine call. Step 0 of a tree feeds the pending tokens (causal) and
+yields the root's children; step ℓ ≥ 1 feeds the best ``width`` nodes of depth ℓ. The proactive
+branch (IPDG) uses the same steps under a chosen root (``runtime.ipdg``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from rapid.engines.base import DraftEngine, causal_allowed
+from rapid.runtime.ipdg import ProactiveRoot, VerdictPlan, choose_proactive_root, plan_verdict
+from rapid.runtime.tree import ROOT, TokenTree, TreeParams, positions, tree_attention
+from rapid.sampling import log_softmax
+
+
+@dataclass(slots=True)
+class StepRecord:
+    tokens: int  # T fed in this step
+    seconds: float
+    phase: str  # "draft" | "leaf" | "branch"
+
+
+@dataclass(slots=True)
+class Boundary:
+    """Saved state before proactive expansion: the tree and the KV extent."""
+
+    tree: TokenTree
+    kv_len: int
+
+
+class Drafter:
+    def __init__(self, engine: DraftEngine, params: TreeParams, stop_ids: Sequence[int] = (),
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.engine = engine
+        self.params = params
+        self.stop_ids = tuple(stop_ids)
+        self.clock = clock
+        self.committed: list[int] = []
+        self.pending: list[int] = []
+        self.prefix_len = 0
+        self.tree = TokenTree()
+        self.levels = 0  # expansion steps already applied to the active tree
+        self.branch: ProactiveRoot | None = None
+        self.branch_node: int | None = None
+
+    # ---- set-up ---------------------------------------------------------------------------
+    def start(self, prompt: Sequence[int]) -> None:
+        self.engine.reset()
+        self.committed = list(prompt)
+        self.pending = list(prompt)
+        self.prefix_len = 0
+        self.tree = TokenTree()
+        self.levels = 0
+
+    @property
+    def root_position(self) -> int:
+        return len(self.committed) - 1
+
+    # ---- expansion ------------------------------------------------------------------------
+    def _feed(self, tokens: list[int], pos: list[int], allowed, phase: str) -> tuple:
+        t0 = self.clock()
+        handle = self.engine.step(tokens, pos, allowed)
+        logp = log_softmax(handle.logits())
+        return logp, StepRecord(len(tokens), self.clock() - t0, phase)
+
+    def _feed_nodes(self, nodes: list[int], phase: str) -> StepRecord:
+        kv = self.engine.kv_len
+        allowed = tree_attention(self.tree, nodes, self.prefix_len, kv)
+        logp, rec = self._feed([self.tree.tokens[i] for i in nodes],
+                               positions(self.tree, nodes, self.root_position), allowed, phase)
+        k = self.params.topk + 1
+        for r, i in enumerate(nodes):
+            self.tree.slot[i] = kv + r
+            self.tree.set_top(i, logp[r], k)
+        return rec
+
+    def step(self, under: int | None = None, phase: str = "draft") -> StepRecord | None:
+        """One expansion step of the active tree (or of the branch below node ``under``)."""
+        p = self.params
+        if self.levels == 0:
+            n = len(self.pending)
+            kv = self.engine.kv_len
+            logp, rec = self._feed(self.pending, list(range(self.prefix_len, self.prefix_len + n)),
+                                   causal_allowed(kv, n), phase)
+            self.prefix_len += n
+            self.pending = []
+            self.tree.set_top(ROOT, logp[-1], p.topk + 1)
+            self.tree.add_children(ROOT, p.topk, self.stop_ids)
+        else:
+            base = 0 if under is None else self.tree.depth[under]
+            nodes = self._frontier(base + self.levels, under)
+            if not nodes:
+                return None
+            rec = self._feed_nodes(nodes, phase)
+            for i in nodes:
+                self.tree.add_children(i, p.topk, self.stop_ids)
+        self._prune(under)
+        self.levels += 1
+        return rec
+
+    def _frontier(self, level: int, under: int | None) -> list[int]:
+        nodes = self.tree.frontier(level, self.params.width if under is None else 10**9)
+        if under is not None:
+            nodes = [i for i in nodes if under in self.tree.path(i)[:-1]]
+            nodes.sort(key=lambda i: (-self.tree.score[i], i))
+            nodes = sorted(nodes[: self.params.width])
+        return nodes
+
+    def _prune(self, under: int | None) -> None:
+        if under is None:
+            self.tree.prune(self.params.budget)
+            return
+        # In a branch, prune only the branch's own nodes; D_i (sent to the cloud) stays intact.
+        branch = [i for i in range(len(self.tree)) if under in self.tree.path(i)[:-1]]
+        if len(branch) <= self.params.budget:
+            return
+        order = sorted(branch, key=lambda i: (-self.tree.score[i], self.tree.depth[i], i))
+        drop = set(order[self.params.budget:])
+        kept = [i for i in range(len(self.tree)) if i not in drop and not drop.intersection(self.tree.path(i))]
+        self.tree.select(kept)
+        self.branch_node = kept.index(self.branch_node) if self.branch_node is not None else None
+
+    def draft(self, depth: int, on_step: Callable[[StepRecord], None] | None = None,
+              confidence_floor: float | None = None) -> list[StepRecord]:
+        """Expand the active tree until it has ``depth`` levels (fewer if it cannot grow).
+
+        ``confidence_floor`` (EdgeLLM-style fallback): stop once the best frontier node's own
+        draft probability falls below it.
+        """
+        recs = []
+        while self.levels < depth:
+            if confidence_floor is not None and self.levels > 0 and self._confidence() < confidence_floor:
+                break
+            rec = self.step()
+            if rec is None:
+                break
+            recs.append(rec)
+            if on_step:
+                on_step(rec)
+        return recs
+
+    def _confidence(self) -> float:
+        import math
+
+        lv = [i for i in range(len(self.tree)) if self.tree.depth[i] == self.levels and self.tree.slot[i] < 0]
+        if not lv:
+            return 0.0
+        best = max(lv, key=lambda i: self.tree.score[i])
+        par = self.tree.parents[best]
+        return math.exp(self.tree.score[best] - (0.0 if par == ROOT else self.tree.score[par]))
+
+    def wire_tree(self) -> tuple[list[int], list[int]]:
+        return list(self.tree.tokens), list(self.tree.parents)
+
+    # ---- proactive branch (IPDG / NPDG) ------------------------------------------------------
+    def save_boundary(self) -> Boundary:
+        return Boundary(self.tree.copy(), self.engine.kv_len)
+
+    def restore_boundary(self, b: Boundary) -> None:
+        """Drop everything expanded after ``b``: the tree as saved, the KV extent as saved."""
+        self.tree = b.tree.copy()
+        self.engine.truncate(b.kv_len)
+        self.branch = None
+        self.branch_node = None
+
+    def proactive_steps(self, decay: float = 0.1):
+        """Yield complete proactive expansion steps one at a time (the caller checks feedback
+        between them and simply stops iterating to interrupt).
+
+        Step "leaf" feeds the best unfed nodes of D_i so their next tokens are known; then the
+        root b* is chosen and fed (step 0 of D_{i+1}); then levels below b* (steps 1, 2, …).
+        """
+        unfed = [i for i in range(len(self.tree)) if self.tree.slot[i] < 0 and self.tree.tokens[i] not in self.stop_ids]
+        if unfed:
+            unfed.sort(key=lambda i: (-self.tree.score[i], i))
+            yield self._feed_nodes(sorted(unfed[: self.params.width]), "leaf")
+        root = choose_proactive_root(self.tree, decay)
+        if root is None:
+            return
+        self.branch = root
+        lp = root.score - (0.0 if root.node == ROOT else self.tree.score[root.node])
+        t = self.tree
+        t.tokens.append(root.token)
+        t.parents.append(root.node)
+        t.depth.append(1 if root.node == ROOT else t.depth[root.node] + 1)
+        t.score.append((0.0 if root.node == ROOT else t.score[root.node]) + lp)
+        t.slot.append(-1)
+        t.top.append(None)
+        b = len(t) - 1
+        self.branch_node = b
+        rec = self._feed_nodes([b], "branch")
+        t.add_children(b, self.params.topk, self.stop_ids)
+        yield rec
+        level = 1
+        while True:
+            nodes = self._frontier(t.depth[self.branch_node] + level, self.branch_node)
+            if not nodes:
+                return
+            rec = self._feed_nodes(nodes, "branch")
+            for i in nodes:
+                t.add_children(i, self.params.topk, self.stop_ids)
+            self._prune(self.branch_node)
+            t = self.tree
+            level += 1
+            yield rec
+
+    def branch_levels(self) -> int:
+        """Steps of D_{i+1} already done by the branch (feeding b* counts as step 0)."""
+        if self.branch_node is None or self.tree.slot[self.branch_node] < 0:
+            return 0
+        d0 = self.tree.depth[self.branch_node]
+        fed = [self.tree.depth[i] - d0 for i in range(len(self.tree))
+               if self.tree.slot[i] >= 0 and self.branch_node in self.tree.path(i)]
+        return 1 + max(fed, default=0)
+
+    # ---- verdict --------------------------------------------------------------------------
+    def apply_verdict(self, path: list[int], bonus: int) -> VerdictPlan:
+        """Commit path + bonus; keep the branch if it guessed right, else everything is dropped."""
+        levels_kept = self.branch_levels()
+        plan = plan_verdict(self.tree, path, bonus, self.prefix_len)
+        self.engine.compact(plan.keep_slots, self.prefix_len)
+        self.prefix_len += plan.prefix_grow
+        self.committed.extend(plan.emitted)
+        self.pending = plan.pending
+        self.tree = plan.next_tree
+        self.levels = levels_kept if plan.hit and plan.next_tree.root_top is not None else 0
+        self.branch = None
+        self.branch_node = None
+        return plan

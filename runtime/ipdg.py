@@ -1,0 +1,96 @@
+"""IPDG decisions, pure: where the proactive branch starts, and what survives a verdict.
+
+Proactive root. While the cloud verifies D_i (its first ``n_sent`` nodes), the edge guesses the
+outcome. For every node v whose next-token distribution q(·|v) is known (the root and every fed
+node) and the draft's best token b_v that is *not* already a child of v:
+
+    score(v) = S(v) + [v has children]·log(decay) + log q(b_v | v)
+
+with S(v) the cumulative draft log-probability (0 for the root). The branch is rooted at
+b* = b_{v*}, v* = argmax score. ``decay`` < 1 says that a path stopping *inside* the tree (every
+drafted child rejected) is rarer than the draft believes; leaves pay nothing. The branch is
+valid iff the cloud's accepted path ends at v* AND its bonus token equals b*.
+
+Reconciliation (``plan_verdict``). Given the tree (D_i plus any proactive nodes), the accepted
+path and bonus:
+
+    chain   = path + [bonus node]  if a child of the path end carries the bonus token (a hit)
+    keep    = KV slots of the fed nodes of chain, then of the fed descendants of the bonus node
+    pending = tokens of chain nodes never fed (+ the bonus itself when there is no bonus node)
+    next    = the bonus node's subtree, re-rooted, its slots remapped behind the new prefix
+
+A miss keeps only the accepted path (the boundary restore has already dropped the branch).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from rapid.runtime.tree import ROOT, TokenTree
+
+
+@dataclass(slots=True, frozen=True)
+class ProactiveRoot:
+    node: int  # v*, ROOT for the implicit root
+    token: int  # b*
+    score: float
+
+
+def choose_proactive_root(tree: TokenTree, decay: float = 0.1) -> ProactiveRoot | None:
+    """argmax over known nodes of S(v) + [internal]·log(decay) + log q(b_v|v); None if nothing is known."""
+    if not 0.0 < decay <= 1.0:
+        raise ValueError(f"decay must be in (0, 1], got {decay}")
+    child_tokens: dict[int, set[int]] = {}
+    for j, p in enumerate(tree.parents):
+        child_tokens.setdefault(p, set()).add(tree.tokens[j])
+    best: ProactiveRoot | None = None
+    candidates = [(ROOT, 0.0, tree.root_top)] + [(i, tree.score[i], tree.top[i]) for i in range(len(tree))]
+    for v, s, top in candidates:
+        if top is None:
+            continue
+        kids = child_tokens.get(v, set())
+        pick = next(((t, lp) for t, lp in top if t not in kids), None)
+        if pick is None:
+            continue
+        score = s + (math.log(decay) if kids else 0.0) + pick[1]
+        if best is None or score > best.score:
+            best = ProactiveRoot(v, pick[0], score)
+    return best
+
+
+@dataclass(slots=True)
+class VerdictPlan:
+    emitted: list[int]  # tokens committed by this verdict (path + bonus)
+    keep_slots: list[int]  # draft KV slots to move behind the prefix, in order
+    prefix_grow: int  # how many of keep_slots extend the committed prefix
+    pending: list[int]  # committed tokens whose KV the draft has not computed
+    next_tree: TokenTree = field(default_factory=TokenTree)  # kept branch, slots remapped
+    hit: bool = False  # a proactive branch node carried the bonus token
+
+
+def plan_verdict(tree: TokenTree, path: list[int], bonus: int, prefix_len: int) -> VerdictPlan:
+    """See the module docstring. ``prefix_len`` = draft KV entries of the committed prefix."""
+    end = path[-1] if path else ROOT
+    for a, b in zip([ROOT, *path][: len(path)], path, strict=True):
+        if tree.parents[b] != a:
+            raise ValueError(f"accepted path {path} is not a chain in the tree")
+    bonus_node = next((j for j, p in enumerate(tree.parents) if p == end and tree.tokens[j] == bonus), None)
+    chain = path + ([bonus_node] if bonus_node is not None else [])
+    fed = [j for j in chain if tree.slot[j] >= 0]
+    if fed != chain[: len(fed)]:
+        raise ValueError("fed nodes of the accepted chain must form its prefix")
+    keep = [tree.slot[j] for j in fed]
+    pending = [tree.tokens[j] for j in chain[len(fed):]]
+    if bonus_node is None:
+        pending.append(bonus)
+    nxt = TokenTree()
+    if bonus_node is not None and tree.slot[bonus_node] >= 0:
+        nxt = tree.subtree(bonus_node)
+        base = prefix_len + len(fed)
+        fed_desc = [k for k in range(len(nxt)) if nxt.slot[k] >= 0]
+        keep += [nxt.slot[k] for k in fed_desc]
+        for n, k in enumerate(fed_desc):
+            nxt.slot[k] = base + n
+    emitted = [tree.tokens[j] for j in path] + [bonus]
+    return VerdictPlan(emitted, keep, len(fed), pending, nxt, hit=bonus_node is not None)

@@ -1,0 +1,162 @@
+"""Token tree in flat arrays, grown by budgeted level-wise expansion (SpecExec style).
+
+The root is implicit: it is the last committed token. Node ``i`` has
+
+    tokens[i]   its token id
+    parents[i]  parent node index, -1 for a child of the root        (parents[i] < i always)
+    depth[i]    1 for a child of the root; position = prefix_len + depth - 1 … see ``positions``
+    score[i]    cumulative draft log-probability  Σ log q(token | path)
+    slot[i]     draft KV slot once the node has been fed to the draft, else -1
+    top[i]      the draft's best next tokens after node i, (token, log q) pairs, once fed
+
+One expansion step at level ℓ feeds the best ``width`` unexpanded nodes of depth ℓ (or the
+root for ℓ = 0), adds each one's ``topk`` most likely children, then keeps the ``budget``
+nodes of highest score. Scores only fall along a path, so the kept set is closed under
+ancestors (ties go to the earlier, i.e. shallower, node). A tree of depth L takes L steps.
+
+Pure data: nothing here touches a model, a clock or a socket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+ROOT = -1
+
+
+@dataclass(slots=True, frozen=True)
+class TreeParams:
+    depth: int = 4  # expansion steps = maximum node depth
+    budget: int = 16  # maximum nodes kept
+    topk: int = 4  # children added per expanded node
+    width: int = 4  # maximum nodes expanded (fed to the draft) per step
+
+    def __post_init__(self) -> None:
+        for name in ("depth", "budget", "topk", "width"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TreeParams.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(slots=True)
+class TokenTree:
+    tokens: list[int] = field(default_factory=list)  # [N]
+    parents: list[int] = field(default_factory=list)  # [N]
+    depth: list[int] = field(default_factory=list)  # [N]
+    score: list[float] = field(default_factory=list)  # [N]
+    slot: list[int] = field(default_factory=list)  # [N], -1 = not fed
+    top: list[list[tuple[int, float]] | None] = field(default_factory=list)  # [N]
+    root_top: list[tuple[int, float]] | None = None  # draft's best tokens after the root
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def copy(self) -> TokenTree:
+        return TokenTree(list(self.tokens), list(self.parents), list(self.depth), list(self.score),
+                         list(self.slot), [None if t is None else list(t) for t in self.top],
+                         None if self.root_top is None else list(self.root_top))
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depth, default=0)
+
+    def children(self, i: int) -> list[int]:
+        return [j for j, p in enumerate(self.parents) if p == i]
+
+    def path(self, i: int) -> list[int]:
+        """Node indices from the root's child down to ``i`` (empty for ROOT)."""
+        out = []
+        while i != ROOT:
+            out.append(i)
+            i = self.parents[i]
+        return out[::-1]
+
+    def set_top(self, i: int, logprobs: np.ndarray, k: int) -> None:
+        """Record the draft's ``k`` best next tokens after node ``i`` (``logprobs`` [V])."""
+        idx = np.argpartition(-logprobs, min(k, logprobs.shape[0] - 1))[:k]
+        idx = idx[np.lexsort((idx, -logprobs[idx]))]  # descending, ties by token id
+        best = [(int(t), float(logprobs[t])) for t in idx]
+        if i == ROOT:
+            self.root_top = best
+        else:
+            self.top[i] = best
+
+    def add_children(self, i: int, topk: int, stop_ids: tuple[int, ...] = ()) -> None:
+        """Add the ``topk`` best recorded next tokens of node ``i`` as children (none after a stop token)."""
+        best = self.root_top if i == ROOT else self.top[i]
+        if best is None:
+            raise ValueError(f"node {i} has not been fed to the draft")
+        if i != ROOT and self.tokens[i] in stop_ids:
+            return
+        base_score = 0.0 if i == ROOT else self.score[i]
+        base_depth = 0 if i == ROOT else self.depth[i]
+        for tok, lp in best[:topk]:
+            self.tokens.append(tok)
+            self.parents.append(i)
+            self.depth.append(base_depth + 1)
+            self.score.append(base_score + lp)
+            self.slot.append(-1)
+            self.top.append(None)
+
+    def frontier(self, level: int, width: int) -> list[int]:
+        """The best ``width`` unfed nodes at depth ``level``, in index order."""
+        cand = [i for i in range(len(self)) if self.depth[i] == level and self.slot[i] < 0]
+        cand.sort(key=lambda i: (-self.score[i], i))
+        return sorted(cand[:width])
+
+    def prune(self, budget: int) -> list[int]:
+        """Keep the ``budget`` best nodes (ancestor-closed); return the kept old indices."""
+        if len(self) <= budget:
+            return list(range(len(self)))
+        order = sorted(range(len(self)), key=lambda i: (-self.score[i], self.depth[i], i))
+        keep = set(order[:budget])
+        # Ties could in principle drop a parent while keeping a child: close under ancestors.
+        kept = sorted(i for i in keep if all(a in keep for a in self.path(i)))
+        self.select(kept)
+        return kept
+
+    def select(self, kept: list[int]) -> None:
+        """Keep only nodes ``kept`` (ascending, ancestor-closed), reindexing parents."""
+        remap = {old: new for new, old in enumerate(kept)}
+        remap[ROOT] = ROOT
+        self.parents = [remap[self.parents[i]] for i in kept]
+        for name in ("tokens", "depth", "score", "slot", "top"):
+            vals = getattr(self, name)
+            setattr(self, name, [vals[i] for i in kept])
+
+    def subtree(self, new_root: int) -> TokenTree:
+        """The descendants of node ``new_root`` as a tree whose implicit root is ``new_root``."""
+        desc = [i for i in range(len(self)) if new_root in self.path(i)[:-1]]
+        remap = {old: new for new, old in enumerate(desc)}
+        remap[new_root] = ROOT
+        d0, s0 = self.depth[new_root], self.score[new_root]
+        return TokenTree(
+            tokens=[self.tokens[i] for i in desc],
+            parents=[remap[self.parents[i]] for i in desc],
+            depth=[self.depth[i] - d0 for i in desc],
+            score=[self.score[i] - s0 for i in desc],
+            slot=[self.slot[i] for i in desc],
+            top=[self.top[i] for i in desc],
+            root_top=self.top[new_root],
+        )
+
+
+def tree_attention(tree: TokenTree, nodes: list[int], prefix_len: int, kv_len: int) -> np.ndarray:
+    """Bool ``[T, kv_len + T]`` for feeding ``nodes``: prefix + fed ancestors + itself."""
+    t = len(nodes)
+    allowed = np.zeros((t, kv_len + t), dtype=bool)
+    allowed[:, :prefix_len] = True
+    for r, i in enumerate(nodes):
+        for a in tree.path(i)[:-1]:
+            s = tree.slot[a]
+            if s < 0:
+                raise ValueError(f"ancestor {a} of node {i} has not been fed")
+            allowed[r, s] = True
+        allowed[r, kv_len + r] = True
+    return allowed
+
+
+def positions(tree: TokenTree, nodes: list[int], root_position: int) -> list[int]:
+    """Absolute positions: the root sits at ``root_position``, a node at root_position + depth."""
+    return [root_position + tree.depth[i] for i in nodes]

@@ -1,0 +1,136 @@
+"""The PyTorch target: per-session KV, one forward per tree, sample-then-match, compaction.
+
+A session holds the committed tokens ``x[0:n]`` and the target KV of ``x[0:n-1]``; the last
+committed token is the tree root and is fed with every tree. Verifying a tree of N nodes is one
+forward of T = 1 + N tokens:
+
+    ids       [root, node_0 … node_{N-1}]
+    positions [n-1,  n-1 + depth_j …]
+    allowed   row 0: prefix + itself; row 1+j: prefix + root + ancestors of j + itself
+
+then ``pick`` every row, ``accept`` (``rapid.server.verifier``), keep the KV of the root and the
+accepted path (compaction), and append path tokens + bonus. An empty tree is one step of plain
+autoregressive decoding, which is what ``reference_decode`` (the target alone) runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from rapid.errors import RapidError
+from rapid.kvcache import StaticKV
+from rapid.modeling import Decoder, additive_mask
+from rapid.sampling import SamplingParams, pick_tokens
+from rapid.server.verifier import Verdict, accept, validate_tree
+
+
+class BadTreeError(RapidError):
+    """The tree a client sent is malformed or exceeds a limit."""
+
+
+def tree_depths(parents: Sequence[int]) -> list[int]:
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return depth
+
+
+def verify_attention(parents: Sequence[int], kv_len: int) -> np.ndarray:
+    """Bool ``[1+N, kv_len+1+N]`` for [root] + nodes (see module docstring)."""
+    n = len(parents)
+    allowed = np.zeros((1 + n, kv_len + 1 + n), dtype=bool)
+    allowed[:, : kv_len + 1] = True  # everyone sees the prefix and the root
+    for j, p in enumerate(parents):
+        row = 1 + j
+        allowed[row, kv_len + row] = True
+        if p >= 0:
+            allowed[row, kv_len + 1: kv_len + 1 + n] |= allowed[1 + p, kv_len + 1: kv_len + 1 + n]
+    return allowed
+
+
+class TargetSession:
+    """One edge's sequence on the target model."""
+
+    def __init__(self, model: Decoder, prompt: Sequence[int], params: SamplingParams,
+                 capacity: int = 4096, max_nodes: int = 256) -> None:
+        if not prompt:
+            raise BadTreeError("the prompt is empty")
+        if len(prompt) + 1 > capacity:
+            raise BadTreeError(f"prompt of {len(prompt)} tokens does not fit the context ({capacity})")
+        vocab = model.config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            raise BadTreeError(f"prompt has token ids outside [0, {vocab})")
+        self.model = model
+        self.params = params
+        self.max_nodes = max_nodes
+        self.kv = StaticKV.for_config(model.config, capacity, model.dtype)
+        self.tokens: list[int] = list(prompt)
+        self.forwards = 0
+        if len(prompt) > 1:
+            self._forward(self.tokens[:-1], list(range(len(prompt) - 1)),
+                          _causal(0, len(prompt) - 1), rows=[])
+
+    @property
+    def capacity(self) -> int:
+        return self.kv.capacity
+
+    def _forward(self, ids, pos, allowed, rows=None) -> np.ndarray:
+        t = len(ids)
+        self.kv.begin(t)
+        with torch.inference_mode():
+            logits = self.model(
+                torch.as_tensor([ids], dtype=torch.long), torch.as_tensor([pos], dtype=torch.long),
+                additive_mask(torch.as_tensor(allowed), self.model.dtype), self.kv,
+                None if rows is None else torch.as_tensor(rows, dtype=torch.long),
+            )[0]
+        self.kv.commit(t)
+        self.forwards += 1
+        return logits.float().numpy()
+
+    def verify(self, tokens: Sequence[int], parents: Sequence[int]) -> Verdict:
+        """Verify one tree; on success the session has advanced by ``verdict.emitted`` tokens."""
+        why = validate_tree(tokens, parents, self.model.config.vocab_size, self.max_nodes)
+        if why:
+            raise BadTreeError(why)
+        n_ctx, kv_len = len(self.tokens), self.kv.length
+        if kv_len + 1 + len(tokens) + 1 > self.kv.capacity:
+            raise BadTreeError(f"context full: {n_ctx} committed + {len(tokens)} tree nodes exceed {self.kv.capacity}")
+        depth = tree_depths(parents)
+        ids = [self.tokens[-1], *tokens]
+        pos = [n_ctx - 1] + [n_ctx - 1 + d for d in depth]
+        logits = self._forward(ids, pos, verify_attention(parents, kv_len))  # [1+N, V]
+        picks = pick_tokens(logits, np.asarray(pos) + 1, self.params)
+        verdict = accept(tokens, parents, picks.tolist())
+        self.kv.compact([kv_len] + [kv_len + 1 + j for j in verdict.path], kv_len)
+        self.tokens.extend(tokens[j] for j in verdict.path)
+        self.tokens.append(verdict.bonus)
+        return verdict
+
+
+def _causal(kv_len: int, t: int) -> np.ndarray:
+    allowed = np.ones((t, kv_len + t), dtype=bool)
+    allowed[:, kv_len:] = np.tril(np.ones((t, t), dtype=bool))
+    return allowed
+
+
+def finish(tokens: list[int], max_new: int, stop_ids: Sequence[int]) -> tuple[list[int], bool]:
+    """Cut generated ``tokens`` at the first stop token (kept) or ``max_new``; say if it stopped."""
+    for i, t in enumerate(tokens[:max_new]):
+        if t in stop_ids:
+            return tokens[: i + 1], True
+    return tokens[:max_new], len(tokens) >= max_new
+
+
+def reference_decode(model: Decoder, prompt: Sequence[int], max_new: int, params: SamplingParams,
+                     stop_ids: Sequence[int] = (), capacity: int = 4096) -> list[int]:
+    """Target-only decoding: one token per forward, the same picks (the exactness reference)."""
+    session = TargetSession(model, prompt, params, capacity=capacity)
+    out: list[int] = []
+    while True:
+        out.append(session.verify([], []).bonus)
+        out, done = finish(out, max_new, stop_ids)
+        if done:
+            return out
