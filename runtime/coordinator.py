@@ -1,0 +1,169 @@
+"""One generation as a sequence of rounds (the edge side of RAPID).
+
+Round i:
+    t0  depth L_i from the controller (CAAC, or fixed)
+        expand D_i to L_i levels (worker thread; the event loop never runs a draft step)
+    t1  send D_i; if the policy is proactive, save the boundary and expand the branch D_{i+1}
+    t2  after EACH complete branch step, read the feedback flag the link sets on a verdict
+        (and the engine's step-complete signal); interruptible policies stop there
+    t3  verdict: keep and remap the branch if it guessed the outcome (accepted path ends at v*
+        and bonus = b*), otherwise restore the boundary; commit path + bonus
+
+The cloud's acceptance rule is untouched, so the emitted tokens equal target-only decoding
+whatever the policy, the timing or the interruptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from rapid.runtime.caac import CAAC, CAACConfig, CAACDecision, FixedDepth
+from rapid.runtime.drafter import Drafter
+from rapid.runtime.link import CloudLink
+from rapid.runtime.policies import Policy
+from rapid.runtime.telemetry import RoundRecord, Summary, summarize
+from rapid.sampling import SamplingParams
+from rapid.server.target import finish
+from rapid.wire import Hello
+
+
+@dataclass(slots=True)
+class Generation:
+    tokens: list[int]
+    records: list[RoundRecord]
+    summary: Summary
+    stopped: bool  # hit a stop token (else max_new)
+
+
+@dataclass(slots=True)
+class CoordinatorConfig:
+    depth: int = 4  # fixed depth, and CAAC's initial/base depth
+    decay: float = 0.1  # IPDG proactive-root decay (runtime.ipdg)
+    caac: CAACConfig = field(default_factory=CAACConfig)
+    step_delay_s: float = 0.0  # injected per-step delay (tests, contention experiments)
+
+
+class Coordinator:
+    def __init__(self, drafter: Drafter, link: CloudLink, policy: Policy,
+                 config: CoordinatorConfig | None = None, clock: Callable[[], float] = time.perf_counter,
+                 step_hook: Callable[[str, int], None] | None = None) -> None:
+        self.drafter = drafter
+        self.link = link
+        self.policy = policy
+        self.cfg = config or CoordinatorConfig()
+        self.clock = clock
+        self.step_hook = step_hook  # called after every complete step (tests inject delays)
+        self.controller = (CAAC(self.cfg.caac, initial_depth=self.cfg.depth) if policy.adaptive_depth
+                           else FixedDepth(self.cfg.depth))
+
+    def _after_step(self, rec, phase: str, k: int) -> None:
+        self.controller.observe_step(rec.seconds, rec.tokens)
+        if self.cfg.step_delay_s:
+            time.sleep(self.cfg.step_delay_s)
+        if self.step_hook:
+            self.step_hook(phase, k)
+
+    def _draft(self, depth: int) -> int:
+        count = 0
+
+        def on_step(rec):
+            nonlocal count
+            count += 1
+            self._after_step(rec, "draft", count)
+
+        self.drafter.draft(depth, on_step, self.policy.confidence_floor)
+        return count
+
+    def _branch(self, depth: int) -> tuple[int, int | None]:
+        """Expand the proactive branch; return (steps run, step after which feedback stopped it)."""
+        steps = 0
+        width = 1 if self.policy.chain_branch else None
+        for rec in self.drafter.proactive_steps(self.cfg.decay, width):
+            steps += 1
+            self._after_step(rec, "branch", steps)
+            # t2: the step is complete (ready() is the CUDA event on GPU backends) → read the flag
+            if self.policy.interruptible and self.link.feedback.is_set():
+                return steps, steps
+            if self.drafter.branch_levels() >= depth:
+                break
+        return steps, None
+
+    async def generate(self, prompt: Sequence[int], max_new: int, sampling: SamplingParams,
+                       on_tokens: Callable[[list[int]], None] | None = None) -> Generation:
+        d, p = self.drafter, self.policy
+        stop_ids = d.stop_ids
+        need = len(prompt) + max_new + 4 * d.params.budget + 16
+        if need > d.engine.info.capacity:
+            from rapid.kvcache import ContextFullError
+
+            raise ContextFullError(f"prompt ({len(prompt)}) + max tokens ({max_new}) + tree slots need a draft "
+                                   f"context of {need}, the engine has {d.engine.info.capacity}")
+        t_begin = self.clock()
+        await self.link.open(Hello(list(prompt), sampling.temperature, sampling.top_p, sampling.top_k,
+                                   sampling.seed, max_nodes=4 * d.params.budget + 8))
+        d.start(prompt)
+        out: list[int] = []
+        records: list[RoundRecord] = []
+        decision = self.controller.next_depth(p.proactive)
+        round_id, stopped = 0, False
+        while True:
+            depth = max(1, min(decision.depth, max_new - len(out)))
+            rec = RoundRecord(round_id, p.name, depth if p.drafting else 0, 0, t_start=self.clock())
+            _fill_decision(rec, decision)
+            if p.drafting:
+                t0 = self.clock()
+                rec.draft_steps = await asyncio.to_thread(self._draft, depth)
+                rec.draft_s = self.clock() - t0
+                tokens, parents = d.wire_tree()
+            else:
+                tokens, parents = [], []
+            rec.tree_nodes = len(tokens)
+            t_sent = self.clock()
+            await self.link.send_tree(round_id, tokens, parents)
+            next_decision = None
+            branch_task = None
+            if p.proactive and p.drafting:
+                next_decision = self.controller.next_depth(True)
+                boundary = d.save_boundary()
+                branch_task = asyncio.create_task(asyncio.to_thread(self._branch, next_decision.depth))
+            verdict = await self.link.verdict(round_id)
+            rec.cloud_s = self.link.arrival(round_id) - t_sent
+            if branch_task is not None:
+                rec.proactive_steps, rec.interrupted_at = await branch_task
+                br = d.branch
+                end = verdict.path[-1] if verdict.path else -1
+                hit = br is not None and br.node == end and br.token == verdict.bonus
+                rec.proactive_hit = hit if br is not None else None
+                if not hit:
+                    rec.discarded_steps = rec.proactive_steps
+                    d.restore_boundary(boundary)
+            rec.wait_s = self.clock() - t_sent
+            rec.verify_s = verdict.verify_s
+            plan = d.apply_verdict(list(verdict.path), verdict.bonus)
+            if plan.hit:
+                rec.reused_depth = d.levels
+            rec.accepted = len(verdict.path)
+            self.controller.observe_round(len(verdict.path), max(depth, 1), rec.cloud_s)
+            decision = next_decision if next_decision is not None else self.controller.next_depth(p.proactive)
+            before = len(out)
+            out, done = finish(out + plan.emitted, max_new, stop_ids)
+            stopped = done and bool(out) and out[-1] in stop_ids
+            rec.emitted = len(out) - before
+            rec.t_end = self.clock()
+            records.append(rec)
+            if on_tokens and rec.emitted:
+                on_tokens(out[before:])
+            if done:
+                break
+            round_id += 1
+        await self.link.close()
+        wall = self.clock() - t_begin
+        return Generation(out, records, summarize(p.name, records, len(out), wall), stopped)
+
+
+def _fill_decision(rec: RoundRecord, dec: CAACDecision) -> None:
+    rec.tau_cur, rec.tau_fast, rec.tau_slow = dec.tau_cur, dec.tau_fast, dec.tau_slow
+    rec.esr, rec.eta, rec.acceptance, rec.b_hat = dec.esr, dec.eta, dec.acceptance, dec.b_hat

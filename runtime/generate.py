@@ -1,0 +1,108 @@
+"""``rapid generate``: draft on the edge, verify in the cloud, stream the text."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from rapid.runtime.coordinator import Coordinator, CoordinatorConfig, Generation
+from rapid.runtime.detok import Detokenizer
+from rapid.runtime.drafter import Drafter
+from rapid.runtime.link import CloudLink
+from rapid.runtime.policies import get_policy
+from rapid.runtime.telemetry import write_jsonl
+from rapid.runtime.tree import TreeParams
+from rapid.sampling import SamplingParams
+
+log = logging.getLogger("rapid.edge")
+
+
+@dataclass(slots=True)
+class EdgeModel:
+    engine: Any
+    tokenizer: Any
+    stop_ids: tuple[int, ...]
+
+
+def open_edge_model(draft: str, engine: str = "torch", capacity: int = 2048, threads: int = 1) -> EdgeModel:
+    """Load the draft behind the requested backend (see ``rapid.engines.select``)."""
+    try:
+        from rapid.engines.select import open_engine
+    except ImportError:  # the backend selector is optional; the PyTorch backend always works
+        open_engine = None
+    if open_engine is not None:
+        eng, tok = open_engine(engine, draft, capacity=capacity, threads=threads)
+    else:
+        import torch
+
+        from rapid.engines.torch_engine import TorchEngine
+        from rapid.modeling import load_decoder
+
+        torch.set_num_threads(threads)
+        model, tok = load_decoder(draft)
+        eng = TorchEngine(model, capacity)
+    stop = set(eng.info.eos_token_ids)
+    if getattr(tok, "eos_token_id", None) is not None:
+        stop.add(tok.eos_token_id)
+    log.info("draft engine: %s on %s", eng.info.backend, eng.info.device)
+    return EdgeModel(eng, tok, tuple(sorted(stop)))
+
+
+def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> list[int]:
+    if chat:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+    return list(tokenizer(prompt)["input_ids"])
+
+
+async def generate_text(edge: EdgeModel, cloud: str, prompt_ids: list[int], *, policy: str = "rapid",
+                        max_new: int = 64, sampling: SamplingParams | None = None,
+                        tree: TreeParams | None = None, config: CoordinatorConfig | None = None,
+                        stream=None, link: CloudLink | None = None) -> tuple[Generation, str]:
+    """Run one generation; write streamed text to ``stream`` (a file) if given."""
+    sampling = sampling or SamplingParams()
+    tree = tree or TreeParams()
+    config = config or CoordinatorConfig(depth=tree.depth)
+    drafter = Drafter(edge.engine, tree, edge.stop_ids)
+    coord = Coordinator(drafter, link or CloudLink(cloud), get_policy(policy), config)
+    detok = Detokenizer(edge.tokenizer)
+    pieces: list[str] = []
+
+    def on_tokens(ids: list[int]) -> None:
+        piece = detok.push(ids)
+        if piece:
+            pieces.append(piece)
+            if stream is not None:
+                stream.write(piece)
+                stream.flush()
+
+    gen = await coord.generate(prompt_ids, max_new, sampling, on_tokens)
+    tail = detok.flush()
+    if tail:
+        pieces.append(tail)
+        if stream is not None:
+            stream.write(tail)
+            stream.flush()
+    return gen, "".join(pieces)
+
+
+def run_generate(args) -> int:
+    edge = open_edge_model(args.draft, args.engine, args.capacity, args.threads)
+    ids = encode_prompt(edge.tokenizer, args.prompt, args.chat)
+    tree = TreeParams(args.depth, args.budget, args.topk, args.width)
+    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
+    gen, _ = asyncio.run(generate_text(edge, args.cloud, ids, policy=args.policy, max_new=args.max_tokens,
+                                       sampling=sampling, tree=tree,
+                                       config=CoordinatorConfig(depth=args.depth), stream=sys.stdout))
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    if args.trace:
+        write_jsonl(args.trace, gen.records)
+    print(gen.summary.line(), file=sys.stderr)
+    return 0
