@@ -10,6 +10,7 @@ A KV buffer is a C-contiguous array whose sequence axis is ``axis`` (default ``-
 - :func:`move_rows` / :func:`compact` — snapshot semantics for any index list (the native
   kernel when it gives the same result, numpy otherwise).
 - :func:`copy_range` — ``dst[..., d:d+n, :] = src[..., s:s+n, :]`` (memmove semantics).
+- :func:`bind` — a buffer checked once, for repeated :meth:`BoundKV.gather` calls.
 
 Each takes ``backend="auto" | "native" | "numpy"``; ``auto`` uses the library when it loads
 and :func:`gather_rows_numpy` / :func:`copy_range_numpy` (identical semantics) otherwise.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import operator
 import os
 import shutil
@@ -41,7 +43,9 @@ import numpy as np
 from rapid.errors import RapidError
 
 __all__ = [
+    "BoundKV",
     "KVOpsBuildError",
+    "bind",
     "CudaKVOps",
     "build",
     "compact",
@@ -124,8 +128,10 @@ def set_library_dir(path: str | os.PathLike[str] | None) -> None:
 
 def reload() -> None:
     """Forget loaded libraries so the next call searches again (after a build)."""
+    global _cpu_fns
     with _lock:
         _loaded.clear()
+        _cpu_fns = None
 
 
 def _find(name: str) -> Path | None:
@@ -172,6 +178,7 @@ def _bind(lib: ctypes.CDLL, name: str) -> None:
 
 
 def _load(name: str) -> tuple[ctypes.CDLL | None, str]:
+    global _cpu_fns
     with _lock:
         hit = _loaded.get(name)
         if hit is not None:
@@ -194,6 +201,8 @@ def _load(name: str) -> tuple[ctypes.CDLL | None, str]:
                     res = (None, f"{path}: ABI version {ver}, expected {ABI_VERSION}; rebuild it")
                 else:
                     res = (lib, f"loaded {path}")
+                    if name == CPU_LIB:
+                        _cpu_fns = _CpuFns(lib)
             except OSError as e:
                 res = (None, f"{path} failed to load: {e}")
             except AttributeError as e:
@@ -255,9 +264,19 @@ def cuda_device_count() -> int:
 
 # ------------------------------------------------------------------------------ helpers --
 
-def _itemsize_of(dtype: np.dtype) -> int:
+_I64 = np.dtype(np.int64)
+_itemsize_cache: dict[np.dtype, int] = {}
+
+
+def _itemsize_of(dtype) -> int:
+    """Bytes per element of a supported KV dtype, else ValueError."""
+    try:
+        return _itemsize_cache[dtype]
+    except (KeyError, TypeError):
+        pass
     dt = np.dtype(dtype)
     if (dt.kind == "f" and dt.itemsize in _SUFFIX) or dt == np.uint16 or dt.name == "bfloat16":
+        _itemsize_cache[dt] = dt.itemsize
         return dt.itemsize
     raise ValueError(f"unsupported KV dtype {dt}; expected float16, bfloat16 (or uint16 bits), "
                      "float32 or float64")
@@ -269,30 +288,27 @@ def _layout(buf: np.ndarray, axis: int, what: str = "buf",
     if not isinstance(buf, np.ndarray):
         raise TypeError(f"{what} must be a numpy.ndarray, got {type(buf).__name__}")
     _itemsize_of(buf.dtype)
-    nd = buf.ndim
+    shape = buf.shape
+    nd = len(shape)
     if nd < 2:
-        raise ValueError(f"{what} must have ndim >= 2 ([..., seq, inner]), got shape {buf.shape}")
+        raise ValueError(f"{what} must have ndim >= 2 ([..., seq, inner]), got shape {shape}")
     ax = operator.index(axis)
     if not -nd <= ax < nd:
         raise ValueError(f"axis {axis} out of range for {what} of ndim {nd}")
     ax %= nd
-    if not buf.flags.c_contiguous:
+    flags = buf.flags
+    if not flags.c_contiguous:
         raise ValueError(
-            f"{what} (shape {buf.shape}, strides {buf.strides}) is not C-contiguous, so it cannot "
+            f"{what} (shape {shape}, strides {buf.strides}) is not C-contiguous, so it cannot "
             "be viewed as [outer, seq_cap, inner] without a copy")
-    if writeable and not buf.flags.writeable:
+    if writeable and not flags.writeable:
         raise ValueError(f"{what} is read-only")
-    shape = buf.shape
-    outer = 1
-    for s in shape[:ax]:
-        outer *= s
-    inner = 1
-    for s in shape[ax + 1:]:
-        inner *= s
-    return outer, shape[ax], inner
+    return math.prod(shape[:ax]), shape[ax], math.prod(shape[ax + 1:])
 
 
 def _as_index(x: Sequence[int] | np.ndarray, what: str) -> np.ndarray:
+    if type(x) is np.ndarray and x.dtype is _I64 and x.ndim == 1 and x.flags.c_contiguous:
+        return x  # fast path
     a = np.asarray(x)
     if a.ndim != 1:
         raise ValueError(f"{what} must be 1-D, got shape {a.shape}")
@@ -313,6 +329,15 @@ def _index_pair(src, dst) -> tuple[np.ndarray, np.ndarray]:
     return s, d
 
 
+def _addr(a: np.ndarray) -> int:
+    """Address of a C-contiguous array's data (c_char.from_buffer is ~3x cheaper than
+    ``a.ctypes.data``, but needs a writable, non-empty buffer)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError, BufferError):
+        return a.ctypes.data
+
+
 def _check_indices(s: np.ndarray, d: np.ndarray, cap: int) -> None:
     for name, a in (("src", s), ("dst", d)):
         if a.size:
@@ -328,15 +353,35 @@ def _view3(buf: np.ndarray, outer: int, cap: int, inner: int) -> np.ndarray:
     return v
 
 
-def _pick(backend: str) -> ctypes.CDLL | None:
+class _CpuFns:
+    __slots__ = ("gather", "copy_range")
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.gather = {k: getattr(lib, f"rapid_kv_gather_{v}") for k, v in _SUFFIX.items()}
+        self.copy_range = {k: getattr(lib, f"rapid_kv_copy_range_{v}")
+                           for k, v in _SUFFIX.items()}
+
+
+_cpu_fns: _CpuFns | None = None
+
+
+def _pick(backend: str) -> _CpuFns | None:
+    """The CPU kernels for ``backend``, or None for numpy."""
+    if backend == "auto" and _cpu_fns is not None:
+        return _cpu_fns
     if backend == "numpy":
         return None
     if backend not in ("auto", "native"):
         raise ValueError(f"backend must be 'auto', 'native' or 'numpy', got {backend!r}")
-    lib, msg = _load(CPU_LIB)
-    if lib is None and backend == "native":
-        raise RuntimeError(f"native KV kernels unavailable: {msg}")
-    return lib
+    fns = _cpu_fns
+    if fns is None:
+        lib, msg = _load(CPU_LIB)
+        if lib is None:
+            if backend == "native":
+                raise RuntimeError(f"native KV kernels unavailable: {msg}")
+            return None
+        fns = _CpuFns(lib)
+    return fns
 
 
 def _raise_rc(rc: int, op: str) -> None:
@@ -401,7 +446,7 @@ def _range_args(src_buf, dst_buf, src_start, dst_start, length, axis):
 
 def copy_range_numpy(src_buf: np.ndarray, dst_buf: np.ndarray, src_start: int, dst_start: int,
                      length: int, axis: int = -2) -> None:
-    """Reference implementation of :func:`copy_range` (numpy buffers overlapping copies)."""
+    """Reference implementation of :func:`copy_range` (numpy itself buffers overlapping copies)."""
     outer, scap, dcap, inner, ss, ds, n = _range_args(src_buf, dst_buf, src_start, dst_start,
                                                       length, axis)
     if n == 0 or outer == 0 or inner == 0:
@@ -422,13 +467,15 @@ def gather_rows(buf: np.ndarray, src, dst, axis: int = -2, *, backend: str = "au
     float32 or float64 array of ndim >= 2.
     """
     outer, cap, inner = _layout(buf, axis)
-    lib = _pick(backend)
-    if lib is None:
+    fns = _pick(backend)
+    if fns is None:
         gather_rows_numpy(buf, src, dst, axis)
         return
     s, d = _index_pair(src, dst)
-    fn = getattr(lib, f"rapid_kv_gather_{_SUFFIX[buf.itemsize]}")
-    rc = fn(buf.ctypes.data, outer, cap, inner, s.ctypes.data, d.ctypes.data, s.size)
+    n = s.size
+    if n == 0:
+        return
+    rc = fns.gather[buf.itemsize](_addr(buf), outer, cap, inner, _addr(s), _addr(d), n)
     if rc != 0:
         if rc == ERR_INDEX:
             _check_indices(s, d, cap)
@@ -444,10 +491,12 @@ def copy_range(src_buf: np.ndarray, dst_buf: np.ndarray, src_start: int, dst_sta
     """
     outer, scap, dcap, inner, ss, ds, n = _range_args(src_buf, dst_buf, src_start, dst_start,
                                                       length, axis)
-    lib = _pick(backend)
-    if lib is not None:
-        fn = getattr(lib, f"rapid_kv_copy_range_{_SUFFIX[dst_buf.itemsize]}")
-        rc = fn(src_buf.ctypes.data, dst_buf.ctypes.data, outer, scap, dcap, inner, ss, ds, n)
+    fns = _pick(backend)
+    if fns is not None:
+        if n == 0:
+            return
+        rc = fns.copy_range[dst_buf.itemsize](_addr(src_buf), _addr(dst_buf), outer, scap, dcap,
+                                              inner, ss, ds, n)
         if rc == 0:
             return
         if rc != ERR_OVERLAP:
@@ -480,6 +529,45 @@ def compact(buf: np.ndarray, src, dst_start: int, axis: int = -2, *,
     s = _as_index(src, "src")
     d0 = operator.index(dst_start)
     move_rows(buf, s, np.arange(d0, d0 + s.size, dtype=np.int64), axis, backend=backend)
+
+
+class BoundKV:
+    """A KV buffer checked once for repeated in-place moves (the engine hot path).
+
+    ``bind(buf).gather(src, dst)`` equals ``gather_rows(buf, src, dst)`` minus the per-call
+    layout checks and lookups. Holds a reference to ``buf``; do not resize it in place.
+    """
+
+    __slots__ = ("buf", "axis", "outer", "cap", "inner", "_fn", "_ptr")
+
+    def __init__(self, buf: np.ndarray, axis: int = -2, *, backend: str = "auto") -> None:
+        self.buf = buf
+        self.axis = axis
+        self.outer, self.cap, self.inner = _layout(buf, axis)
+        fns = _pick(backend)
+        self._fn = None if fns is None or buf.size == 0 else fns.gather[buf.itemsize]
+        self._ptr = _addr(buf) if self._fn is not None else 0
+
+    def gather(self, src, dst) -> None:
+        """For i in order: ``buf[..., dst[i], :] = buf[..., src[i], :]`` (see gather_rows)."""
+        fn = self._fn
+        if fn is None:
+            gather_rows_numpy(self.buf, src, dst, self.axis)
+            return
+        s, d = _index_pair(src, dst)
+        n = s.size
+        if n == 0:
+            return
+        rc = fn(self._ptr, self.outer, self.cap, self.inner, _addr(s), _addr(d), n)
+        if rc != 0:
+            if rc == ERR_INDEX:
+                _check_indices(s, d, self.cap)
+            _raise_rc(rc, "gather_rows")
+
+
+def bind(buf: np.ndarray, axis: int = -2, *, backend: str = "auto") -> BoundKV:
+    """See :class:`BoundKV`."""
+    return BoundKV(buf, axis, backend=backend)
 
 
 # ------------------------------------------------------------------------------------ CUDA --

@@ -121,8 +121,11 @@ class RMSNorm(nn.Module):
 
 def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin ``[1, 1, T, d]`` for positions ``[1, T]`` (HF "rotate_half" convention)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=position_ids.device) / head_dim))
-    freqs = position_ids[0].to(torch.float32)[:, None] * inv_freq[None, :]  # [T, d/2]
+    # float32 like transformers; float64 models get float64 angles so a tree step and a plain
+    # step agree to ~1e-16 (vectorised float32 cos differs by an ulp with the batch layout).
+    ft = torch.float64 if dtype == torch.float64 else torch.float32
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=ft, device=position_ids.device) / head_dim))
+    freqs = position_ids[0].to(ft)[:, None] * inv_freq[None, :]  # [T, d/2]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype)[None, None], emb.sin().to(dtype)[None, None]
 
@@ -154,7 +157,8 @@ class Attention(nn.Module):
             k_all = k_all.repeat_interleave(group, dim=1)
             v_all = v_all.repeat_interleave(group, dim=1)
         scores = torch.matmul(q, k_all.transpose(2, 3)) * (1.0 / math.sqrt(c.head_dim)) + mask
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        upcast = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+        probs = torch.softmax(upcast, dim=-1).to(q.dtype)
         out = torch.matmul(probs, v_all).transpose(1, 2).reshape(1, T, c.num_heads * c.head_dim)
         return self.o_proj(out)
 

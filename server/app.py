@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import websockets
@@ -38,8 +39,10 @@ log = logging.getLogger("rapid.server")
 
 
 class VerifierServer:
-    def __init__(self, model: Decoder, limits: Limits | None = None) -> None:
+    def __init__(self, model: Decoder, limits: Limits | None = None,
+                 answer_delay: Callable[[], float] | None = None) -> None:
         self.model = model
+        self.answer_delay = answer_delay  # seconds to hold each verdict (transport-delay emulation)
         self.limits = limits or Limits()
         self.sessions = SessionTable(self.limits)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rapid-verify")
@@ -110,6 +113,8 @@ class VerifierServer:
             self.stats["errors"] += 1
             return ErrorFrame("internal", f"verification failed: {type(e).__name__}", t.round)
         self.stats["rounds"] += 1
+        if self.answer_delay is not None:
+            await asyncio.sleep(self.answer_delay())
         return VerdictFrame(t.round, list(verdict.path), verdict.bonus, len(session.tokens),
                             time.perf_counter() - t0)
 

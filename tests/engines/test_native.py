@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from rapid.engines import native
 
 DTYPES = (np.float16, np.float32, np.float64)
@@ -138,6 +137,9 @@ def test_gather_matches_reference(kvops, case):
     native.gather_rows(buf, src, dst, axis, backend="native")
     assert same_bytes(buf, want)
     assert same_bytes(ref, want)
+    bound = random_buf(np.random.default_rng(seed), shape, dtype)
+    native.bind(bound, axis, backend="native").gather(src, dst)
+    assert same_bytes(bound, want)
 
 
 @given(case=compaction_case())
@@ -189,6 +191,9 @@ def test_out_of_range_raises_and_leaves_buffer(kvops, backend, dtype):
                      ([3, 4], [0, 1 << 40])):
         with pytest.raises(ValueError, match="outside"):
             native.gather_rows(buf, src, dst, backend=backend)
+        assert same_bytes(buf, before)
+        with pytest.raises(ValueError, match="outside"):
+            native.bind(buf, backend=backend).gather(src, dst)
         assert same_bytes(buf, before)
 
 
@@ -347,6 +352,7 @@ def test_c_abi_error_codes(kvops):
 
 def test_fallback_when_library_missing(kvops, monkeypatch):
     monkeypatch.setattr(native, "_load", lambda name: (None, f"{name} missing (test)"))
+    monkeypatch.setattr(native, "_cpu_fns", None)
     assert not native.cpu_available() and not native.cuda_built()
     assert "missing" in native.cpu_status() and "missing" in native.cuda_status()
     buf = np.arange(12, dtype=np.float32).reshape(1, 6, 2).copy()

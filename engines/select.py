@@ -1,0 +1,117 @@
+"""Pick and open a draft backend: ``open_engine(kind, source, capacity)``.
+
+``kind``:
+
+- ``"torch"``: ``source`` is a model spec (HF id, folder, .gguf, ``default-draft``) — or an
+  export folder, in which case the model it was exported from (manifest) is loaded.
+- ``"onnx"``: ``source`` is an export folder holding ``draft.onnx`` (ONNX Runtime).
+- ``"trt"``: ``source`` is an export folder holding ``draft.engine`` (TensorRT + pycuda).
+- ``"auto"``: trt if tensorrt and pycuda import and the folder has ``draft.engine``, else
+  onnx if it has ``draft.onnx`` (and onnxruntime imports), else torch. The choice and the reason
+  are logged (and returned by :func:`choose_backend`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from rapid.errors import RapidError
+from rapid.export.manifest import ENGINE_FILE, ONNX_FILE, is_export_dir, load_manifest
+
+log = logging.getLogger("rapid.engines")
+
+KINDS = ("torch", "onnx", "trt", "auto")
+
+
+class EngineSelectError(RapidError):
+    """No backend can open the given source."""
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def trt_available() -> tuple[bool, str]:
+    """(usable, reason) for the TensorRT backend, without importing CUDA."""
+    missing = [m for m in ("tensorrt", "pycuda") if not _has_module(m)]
+    if missing:
+        return False, f"{' and '.join(missing)} not installed"
+    return True, "tensorrt and pycuda importable"
+
+
+def choose_backend(kind: str, source: str | os.PathLike[str]) -> tuple[str, str]:
+    """Resolve ``kind`` (``auto`` included) for ``source``; return ``(kind, reason)``."""
+    if kind not in KINDS:
+        raise EngineSelectError(f"unknown engine kind {kind!r}; choose one of {', '.join(KINDS)}")
+    if kind != "auto":
+        return kind, "asked for explicitly"
+    folder = Path(source).expanduser()
+    if not is_export_dir(folder):
+        return "torch", f"{source} is not an export folder (no manifest.json)"
+    why_not: list[str] = []
+    ok, why = trt_available()
+    if ok and (folder / ENGINE_FILE).is_file():
+        return "trt", f"{ENGINE_FILE} present and {why}"
+    why_not.append(f"trt: {why}" if not ok else f"trt: no {ENGINE_FILE}")
+    if (folder / ONNX_FILE).is_file():
+        if _has_module("onnxruntime"):
+            return "onnx", f"{ONNX_FILE} present ({'; '.join(why_not)})"
+        why_not.append("onnx: onnxruntime not installed")
+    else:
+        why_not.append(f"onnx: no {ONNX_FILE}")
+    return "torch", f"fallback ({'; '.join(why_not)})"
+
+
+def _torch_model_spec(source: str | os.PathLike[str]) -> str:
+    """A model spec for the torch backend: the source itself, or the model an export came from."""
+    folder = Path(source).expanduser()
+    if is_export_dir(folder) and not (folder / "config.json").is_file():
+        model = load_manifest(folder)["model"]
+        resolved = model.get("resolved") or model.get("spec")
+        if resolved and (not model.get("local") or Path(resolved).exists()):
+            return str(resolved)
+        return str(model.get("spec"))
+    return str(source)
+
+
+def open_engine(kind: str = "auto", source: str | os.PathLike[str] = "default-draft",
+                capacity: int | None = None, *, device: str | None = None, threads: int | None = None,
+                providers: Any = None, **options: Any):
+    """Open a ``DraftEngine``; see the module docstring. Logs which backend and why.
+
+    ``capacity``: KV slots (default: the export's max_context, or 2048 for torch).
+    ``device``: torch device for ``torch`` ("cpu" default), CUDA ordinal for ``trt``.
+    ``threads``: intra-op threads (torch.set_num_threads / ORT intra_op_num_threads).
+    ``options``: passed to the backend class (e.g. ``kv_binding`` for onnx).
+    """
+    chosen, reason = choose_backend(kind, source)
+    log.info("draft engine: %s (%s) from %s", chosen, reason, source)
+    if chosen == "onnx":
+        from rapid.engines.ort_engine import OrtEngine
+
+        return OrtEngine(source, capacity=capacity, providers=providers, threads=threads, **options)
+    if chosen == "trt":
+        from rapid.engines.trt_engine import TrtEngine
+
+        return TrtEngine(source, capacity=capacity, device=int(device or 0), **options)
+    import torch
+
+    from rapid.engines.torch_engine import TorchEngine
+    from rapid.modeling import load_decoder
+
+    if threads:
+        torch.set_num_threads(int(threads))
+    spec = _torch_model_spec(source)
+    if capacity is None:
+        capacity = int(load_manifest(source)["max_context"]) if is_export_dir(source) else 2048
+    decoder, _ = load_decoder(spec, dtype=options.pop("dtype", torch.float32))
+    if options:
+        raise EngineSelectError(f"options {sorted(options)} do not apply to the torch backend")
+    return TorchEngine(decoder, capacity=capacity, device=device or "cpu")

@@ -1,0 +1,49 @@
+"""Shared fixtures: tiny random checkpoints built once per test session (no downloads).
+
+float64 weights keep exactness tests about the algorithm, not about float rounding: a tree
+forward and a one-token forward differ by ~1e-16 there, so a near-tie cannot flip an argmax.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """Folder factory: tiny_dir(name, **build_tiny kwargs) → built-once checkpoint folder."""
+    from rapid.tiny import build_tiny
+
+    root = tmp_path_factory.mktemp("tiny")
+    cache: dict[str, str] = {}
+
+    def make(name: str, **kw) -> str:
+        if name not in cache:
+            cache[name] = str(build_tiny(root / name, **kw))
+        return cache[name]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tiny_dir):
+    """(target, drafts) as float64 Decoders: drafts = {same, partial, unrelated, llama}."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rapid.modeling import Decoder
+
+    def load(path):
+        return Decoder.from_hf(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64))
+
+    target = load(tiny_dir("target", seed=0, dtype="float64"))
+    drafts = {
+        "same": target,
+        "partial": load(tiny_dir("partial", seed=1, base_seed=0, perturb=0.08, dtype="float64")),
+        "unrelated": load(tiny_dir("unrelated", seed=7, dtype="float64")),
+    }
+    return target, drafts

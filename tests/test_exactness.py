@@ -1,0 +1,116 @@
+"""The product's promise: every policy emits exactly what the target alone emits.
+
+Property test over the real websocket (verifier in a background thread on loopback): random
+prompts, depths 1..8, budgets 1..64, greedy and seeded sampling, draft = target / a perturbed
+copy / an unrelated model, random verdict delays (feedback arrives at random points of the
+proactive branch), random per-step delays, stop tokens and max-token limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import pytest
+from cloud import BackgroundServer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rapid.engines.torch_engine import TorchEngine
+from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
+from rapid.runtime.drafter import Drafter
+from rapid.runtime.link import CloudLink
+from rapid.runtime.policies import POLICIES
+from rapid.runtime.tree import TreeParams
+from rapid.sampling import SamplingParams
+from rapid.server.app import VerifierServer
+from rapid.server.target import reference_decode
+from rapid.tiny import EOS_ID
+
+_delay_rng = random.Random(0)
+
+
+@pytest.fixture(scope="module")
+def cloud(tiny_pair):
+    target, _ = tiny_pair
+    server = BackgroundServer(VerifierServer(target, answer_delay=lambda: _delay_rng.choice([0.0, 0.0005, 0.003, 0.01])))
+    yield server
+    server.close()
+
+
+def run_edge(url, draft, policy, prompt, max_new, sampling, tree, stop_ids, step_delays=()):
+    delays = list(step_delays)
+
+    def hook(phase, k):
+        if delays:
+            time.sleep(delays[(k - 1) % len(delays)])
+
+    drafter = Drafter(TorchEngine(draft, capacity=1024), tree, stop_ids)
+    coord = Coordinator(drafter, CloudLink(url), POLICIES[policy], CoordinatorConfig(depth=tree.depth), step_hook=hook)
+    return asyncio.run(coord.generate(prompt, max_new, sampling))
+
+
+sampling_st = st.one_of(
+    st.just(SamplingParams()),
+    st.builds(SamplingParams, temperature=st.sampled_from([0.6, 1.0, 1.5]), top_p=st.sampled_from([1.0, 0.9]),
+              top_k=st.sampled_from([0, 20]), seed=st.integers(0, 2**31)),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    policy=st.sampled_from(sorted(POLICIES)),
+    draft=st.sampled_from(["same", "partial", "unrelated"]),
+    prompt=st.lists(st.integers(0, 255), min_size=1, max_size=24),
+    depth=st.integers(1, 8), budget=st.integers(1, 64), topk=st.integers(1, 4), width=st.integers(1, 4),
+    max_new=st.integers(1, 28), sampling=sampling_st, stop_at=st.none() | st.integers(0, 27),
+    step_delays=st.lists(st.sampled_from([0.0, 0.0005, 0.002]), max_size=4),
+)
+def test_every_policy_matches_target_alone(cloud, tiny_pair, policy, draft, prompt, depth, budget, topk, width,
+                                           max_new, sampling, stop_at, step_delays):
+    target, drafts = tiny_pair
+    stop_ids = (EOS_ID,)
+    if stop_at is not None:  # make a token the reference really emits a stop token: exercises early stops
+        full = reference_decode(target, prompt, 28, sampling)
+        stop_ids = (EOS_ID, full[stop_at])
+    expected = reference_decode(target, prompt, max_new, sampling, stop_ids)
+    gen = run_edge(cloud.url, drafts[draft], policy, prompt, max_new, sampling,
+                   TreeParams(depth, budget, topk, width), stop_ids, step_delays)
+    assert gen.tokens == expected
+    assert len(gen.tokens) <= max_new
+    assert sum(r.emitted for r in gen.records) == len(gen.tokens)
+
+
+def test_identical_draft_accepts_whole_chains(cloud, tiny_pair):
+    target, drafts = tiny_pair
+    prompt = list(b"def f(x):")
+    gen = run_edge(cloud.url, drafts["same"], "fixed", prompt, 30, SamplingParams(), TreeParams(4, 4, 1, 1), (EOS_ID,))
+    assert gen.tokens == reference_decode(target, prompt, 30, SamplingParams(), (EOS_ID,))
+    full = [r for r in gen.records if r.emitted == 5]
+    assert len(full) >= len(gen.records) - 1  # every round but possibly the last accepts depth 4 + bonus
+
+
+def test_unrelated_draft_still_progresses(cloud, tiny_pair):
+    target, drafts = tiny_pair
+    prompt = list(b"hello")
+    gen = run_edge(cloud.url, drafts["unrelated"], "rapid", prompt, 20, SamplingParams(), TreeParams(3, 8, 2, 2), (EOS_ID,))
+    assert gen.tokens == reference_decode(target, prompt, 20, SamplingParams(), (EOS_ID,))
+    assert all(r.emitted >= 1 for r in gen.records[:-1])
+
+
+def test_slow_cloud_interrupts_branches_and_stays_exact(tiny_pair):
+    """A cloud that answers late while each draft step is slow: IPDG stops branches mid-way."""
+    target, drafts = tiny_pair
+    server = BackgroundServer(VerifierServer(target, answer_delay=lambda: 0.012))
+    try:
+        prompt = list(b"interrupt me")
+        for policy in ("ipdg", "rapid"):
+            gen = run_edge(server.url, drafts["partial"], policy, prompt, 30, SamplingParams(), TreeParams(4, 12, 2, 2),
+                           (EOS_ID,), step_delays=[0.005])
+            assert gen.tokens == reference_decode(target, prompt, 30, SamplingParams(), (EOS_ID,))
+            assert gen.summary.interrupts > 0, policy
+            hits = [r for r in gen.records if r.proactive_hit]
+            assert all(r.discarded_steps == 0 for r in hits)
+    finally:
+        server.close()
