@@ -107,7 +107,7 @@ class OrtEngine:
 
     def __init__(self, export_dir: str | Path, capacity: int | None = None, providers: Sequence[Any] | None = None,
                  *, kv_binding: str = "staged", threads: int | None = None,
-                 session_options: Any = None) -> None:
+                 session_options: Any = None, session: Any = None) -> None:
         ort = _import_ort()
         self.export_dir = Path(export_dir).expanduser()
         m = self.manifest = load_manifest(self.export_dir)
@@ -139,10 +139,13 @@ class OrtEngine:
         chosen = choose_providers(ort.get_available_providers(), providers)
         chosen = [("TensorrtExecutionProvider", _trt_ep_options(self.export_dir, m, cap))
                   if p == "TensorrtExecutionProvider" else p for p in chosen]
-        try:
-            self.session = ort.InferenceSession(str(onnx_path), so, providers=chosen)
-        except Exception as e:  # onnxruntime raises its own exception types
-            raise OrtEngineError(f"onnxruntime cannot load {onnx_path}: {e}") from e
+        if session is not None:  # share one loaded model between engines (e.g. benchmarks)
+            self.session = session
+        else:
+            try:
+                self.session = ort.InferenceSession(str(onnx_path), so, providers=chosen)
+            except Exception as e:  # onnxruntime raises its own exception types
+                raise OrtEngineError(f"onnxruntime cannot load {onnx_path}: {e}") from e
         self.provider = self.session.get_providers()[0]
         first = chosen[0][0] if isinstance(chosen[0], tuple) else chosen[0]
         if self.provider != first:

@@ -124,6 +124,7 @@ def write_manifest(export_dir: str | os.PathLike[str], data: dict[str, Any]) -> 
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, sort_keys=False)
             f.write("\n")
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; a manifest is meant to be read by anyone
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

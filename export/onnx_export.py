@@ -346,6 +346,10 @@ def _run_exporter(decoder, c, max_context: int, opset: int | None):
     kwargs: dict[str, Any] = {}
     if opset is not None:
         kwargs["opset_version"] = opset
+    quiet = {name: logging.getLogger(name) for name in ("onnxscript", "onnx_ir", "torch.onnx")}
+    levels = {name: lg.level for name, lg in quiet.items()}
+    for lg in quiet.values():
+        lg.setLevel(logging.WARNING)
     try:
         with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
             warnings.simplefilter("ignore")
@@ -355,6 +359,9 @@ def _run_exporter(decoder, c, max_context: int, opset: int | None):
                 external_data=True, optimize=True, verbose=False, **kwargs)
     except Exception as e:  # the exporter raises many types; all mean "this graph did not export"
         raise ExportError(f"torch.onnx.export failed: {type(e).__name__}: {e}") from e
+    finally:
+        for name, lg in quiet.items():
+            lg.setLevel(levels[name])
 
 
 def _check_graph(onnx_path: Path, layers: int) -> int:

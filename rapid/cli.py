@@ -5,6 +5,8 @@
     rapid generate "prompt"        edge drafting against a cloud verifier, streamed
     rapid demo                     serve + generate on built-in prompts, checked against the target alone
     rapid export                   draft → ONNX (+ TensorRT) with explicit KV I/O
+    rapid edge                     the edge runtime daemon (OpenAI-compatible local API)
+    rapid bench | rapid sim        real-run benchmark / calibrated simulator
     rapid doctor                   what this machine can run
 """
 
@@ -81,7 +83,26 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+# Subcommands that own their whole argument parser: name -> "module:function(argv) -> int".
+DELEGATED = {
+    "edge": "rapid.runtime.daemon:main",
+    "bench": "rapid.bench.cli:main_bench",
+    "sim": "rapid.bench.cli:main_sim",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in DELEGATED:
+        import importlib
+
+        mod, fn = DELEGATED[argv[0]].split(":")
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+        try:
+            return getattr(importlib.import_module(mod), fn)(argv[1:])
+        except RapidError as e:
+            print(f"rapid {argv[0]}: error: {e}", file=sys.stderr)
+            return 2
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)

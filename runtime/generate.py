@@ -27,23 +27,20 @@ class EdgeModel:
     stop_ids: tuple[int, ...]
 
 
-def open_edge_model(draft: str, engine: str = "torch", capacity: int = 2048, threads: int = 1) -> EdgeModel:
-    """Load the draft behind the requested backend (see ``rapid.engines.select``)."""
-    try:
-        from rapid.engines.select import open_engine
-    except ImportError:  # the backend selector is optional; the PyTorch backend always works
-        open_engine = None
-    if open_engine is not None:
-        eng, tok = open_engine(engine, draft, capacity=capacity, threads=threads)
+def open_edge_model(draft: str, engine: str = "auto", capacity: int = 2048, threads: int = 1) -> EdgeModel:
+    """Load the draft behind the requested backend (``rapid.engines.select``) and its tokenizer."""
+    from rapid.engines.select import open_engine
+    from rapid.export.manifest import is_export_dir
+
+    eng = open_engine(engine, draft, capacity=capacity, threads=threads)
+    if is_export_dir(draft):  # the export copied the tokenizer: no hub needed on the edge
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(draft)
     else:
-        import torch
+        from rapid.models import load_tokenizer
 
-        from rapid.engines.torch_engine import TorchEngine
-        from rapid.modeling import load_decoder
-
-        torch.set_num_threads(threads)
-        model, tok = load_decoder(draft)
-        eng = TorchEngine(model, capacity)
+        tok = load_tokenizer(draft)
     stop = set(eng.info.eos_token_ids)
     if getattr(tok, "eos_token_id", None) is not None:
         stop.add(tok.eos_token_id)

@@ -1,0 +1,1 @@
+"""rapid bench / rapid sim: real-run benchmarks and the calibrated simulator."""

@@ -1,0 +1,261 @@
+"""rapid.runtime.tree: budgeted expansion, pruning, attention rows, sub-trees."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rapid.runtime.tree import ROOT, TokenTree, TreeParams, positions, tree_attention
+
+FAST = settings(max_examples=60, deadline=None)
+
+
+def logprob_row(rng: np.random.Generator, vocab: int) -> np.ndarray:
+    z = rng.normal(0.0, 2.0, size=vocab)
+    return z - np.log(np.exp(z - z.max()).sum()) - z.max()
+
+
+def grow(rng: np.random.Generator, params: TreeParams, vocab: int, prefix_len: int = 0,
+         stop_ids: tuple[int, ...] = ()) -> TokenTree:
+    """Budgeted level-wise expansion with random draft rows; feeding = assigning the next slot."""
+    tree = TokenTree()
+    next_slot = prefix_len
+    tree.set_top(ROOT, logprob_row(rng, vocab), params.topk)
+    tree.add_children(ROOT, params.topk, stop_ids)
+    tree.prune(params.budget)
+    check_invariants(tree)
+    for level in range(1, params.depth):
+        front = tree.frontier(level, params.width)
+        assert front == sorted(front)
+        for i in front:
+            tree.slot[i] = next_slot
+            next_slot += 1
+            tree.set_top(i, logprob_row(rng, vocab), params.topk)
+        for i in front:
+            tree.add_children(i, params.topk, stop_ids)
+        before = tree.copy()
+        kept = tree.prune(params.budget)
+        check_prune(before, tree, kept, params.budget)
+        check_invariants(tree)
+    return tree
+
+
+def check_invariants(tree: TokenTree) -> None:
+    n = len(tree)
+    assert all(len(getattr(tree, f)) == n for f in ("tokens", "parents", "depth", "score", "slot", "top"))
+    for i in range(n):
+        p = tree.parents[i]
+        assert -1 <= p < i
+        assert tree.depth[i] == (1 if p == ROOT else tree.depth[p] + 1)
+        if p != ROOT:
+            assert tree.score[i] <= tree.score[p]
+        if tree.slot[i] >= 0 and p != ROOT:
+            assert tree.slot[p] >= 0  # fed nodes have fed ancestors
+
+
+def check_prune(before: TokenTree, after: TokenTree, kept: list[int], budget: int) -> None:
+    assert kept == sorted(set(kept))
+    assert len(after) == len(kept) <= budget
+    if len(before) <= budget:
+        assert kept == list(range(len(before)))
+        return
+    # ancestor-closed
+    ks = set(kept)
+    for i in kept:
+        assert all(a in ks for a in before.path(i))
+    # the highest scores: nothing dropped beats anything kept
+    dropped = [i for i in range(len(before)) if i not in ks]
+    assert min(before.score[i] for i in kept) >= max(before.score[i] for i in dropped)
+    assert len(kept) == budget  # log-probs <= 0, so the best `budget` are already closed
+    # payload follows the nodes
+    for new, old in enumerate(kept):
+        assert after.tokens[new] == before.tokens[old]
+        assert after.score[new] == before.score[old]
+        assert after.slot[new] == before.slot[old]
+        assert after.depth[new] == before.depth[old]
+        po = before.parents[old]
+        assert after.parents[new] == (ROOT if po == ROOT else kept.index(po))
+
+
+@FAST
+@given(seed=st.integers(0, 2**32 - 1), depth=st.integers(1, 5), budget=st.integers(1, 24),
+       topk=st.integers(1, 5), width=st.integers(1, 5), vocab=st.integers(2, 30))
+def test_expansion_keeps_best_ancestor_closed_budget(seed, depth, budget, topk, width, vocab):
+    params = TreeParams(depth=depth, budget=budget, topk=topk, width=width)
+    tree = grow(np.random.default_rng(seed), params, vocab)
+    assert 1 <= len(tree) <= budget
+    assert tree.max_depth <= depth
+    for i in range(len(tree)):
+        kids = [tree.tokens[j] for j in tree.children(i)]
+        assert len(kids) == len(set(kids)) <= topk  # siblings carry distinct tokens
+        assert all(0 <= t < vocab for t in kids)
+
+
+@FAST
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(2, 30), budget=st.integers(1, 30))
+def test_prune_on_random_trees(seed, n, budget):
+    rng = np.random.default_rng(seed)
+    tree = TokenTree()
+    for i in range(n):
+        p = int(rng.integers(-1, i))
+        tree.parents.append(p)
+        tree.tokens.append(int(rng.integers(0, 50)))
+        tree.depth.append(1 if p == ROOT else tree.depth[p] + 1)
+        # scores fall along a path; coarse values make ties common
+        drop = float(rng.choice([0.0, -0.5, -1.0, -2.0]))
+        tree.score.append((0.0 if p == ROOT else tree.score[p]) + drop)
+        tree.slot.append(-1)
+        tree.top.append(None)
+    before = tree.copy()
+    kept = tree.prune(budget)
+    check_prune(before, tree, kept, budget)
+    check_invariants(tree)
+
+
+def test_set_top_sorts_descending_ties_by_id():
+    tree = TokenTree()
+    lp = np.log(np.array([0.1, 0.3, 0.05, 0.3, 0.25]))
+    tree.set_top(ROOT, lp, 3)
+    assert [t for t, _ in tree.root_top] == [1, 3, 4]
+    assert tree.root_top[0][1] == pytest.approx(np.log(0.3))
+    tree.set_top(ROOT, lp, 10)  # more than the vocabulary
+    assert [t for t, _ in tree.root_top] == [1, 3, 4, 0, 2]
+
+
+def test_add_children_scores_depths_and_stop_tokens():
+    tree = TokenTree()
+    tree.set_top(ROOT, np.log(np.array([0.5, 0.3, 0.2])), 3)
+    tree.add_children(ROOT, 2)
+    assert tree.tokens == [0, 1] and tree.parents == [ROOT, ROOT] and tree.depth == [1, 1]
+    assert tree.slot == [-1, -1] and tree.top == [None, None]
+    with pytest.raises(ValueError):
+        tree.add_children(0, 2)  # not fed yet
+    tree.slot[0] = 0
+    tree.set_top(0, np.log(np.array([0.1, 0.1, 0.8])), 2)
+    tree.add_children(0, 2)
+    assert tree.tokens[2:] == [2, 0] and tree.parents[2:] == [0, 0] and tree.depth[2:] == [2, 2]
+    assert tree.score[2] == pytest.approx(np.log(0.5) + np.log(0.8))
+    # a stop token gets no children
+    tree.slot[2] = 1
+    tree.set_top(2, np.log(np.array([0.4, 0.4, 0.2])), 2)
+    tree.add_children(2, 2, stop_ids=(2,))
+    assert len(tree) == 4
+
+
+def test_frontier_picks_best_unfed_in_index_order():
+    tree = TokenTree(tokens=[1, 2, 3, 4, 5], parents=[ROOT, ROOT, ROOT, 0, 0],
+                     depth=[1, 1, 1, 2, 2], score=[-1.0, -0.5, -0.5, -2.0, -1.5],
+                     slot=[-1, -1, -1, -1, -1], top=[None] * 5)
+    assert tree.frontier(1, 2) == [1, 2]
+    assert tree.frontier(1, 3) == [0, 1, 2]
+    assert tree.frontier(2, 1) == [4]
+    tree.slot[1] = 7
+    assert tree.frontier(1, 2) == [0, 2]
+    assert tree.frontier(3, 4) == []
+
+
+def random_fed_tree(rng, n, prefix_len):
+    tree = TokenTree()
+    slot = prefix_len
+    for i in range(n):
+        p = int(rng.integers(-1, i))
+        tree.parents.append(p)
+        tree.tokens.append(int(rng.integers(0, 100)))
+        tree.depth.append(1 if p == ROOT else tree.depth[p] + 1)
+        tree.score.append((0.0 if p == ROOT else tree.score[p]) - float(rng.random()))
+        tree.top.append(None)
+        tree.slot.append(-1)
+    # feed a random ancestor-closed subset, parents first, with slots in feeding order
+    for i in range(n):
+        p = tree.parents[i]
+        if (p == ROOT or tree.slot[p] >= 0) and rng.random() < 0.6:
+            tree.slot[i] = slot
+            slot += 1
+    return tree, slot
+
+
+@FAST
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 20), prefix_len=st.integers(0, 6))
+def test_tree_attention_rows(seed, n, prefix_len):
+    rng = np.random.default_rng(seed)
+    tree, kv_len = random_fed_tree(rng, n, prefix_len)
+    # feed the unfed nodes whose ancestors are all fed
+    nodes = [i for i in range(n) if tree.slot[i] < 0
+             and all(tree.slot[a] >= 0 for a in tree.path(i)[:-1])]
+    allowed = tree_attention(tree, nodes, prefix_len, kv_len)
+    assert allowed.shape == (len(nodes), kv_len + len(nodes)) and allowed.dtype == bool
+    for r, i in enumerate(nodes):
+        expect = set(range(prefix_len)) | {tree.slot[a] for a in tree.path(i)[:-1]} | {kv_len + r}
+        assert set(np.flatnonzero(allowed[r]).tolist()) == expect
+
+
+def test_tree_attention_rejects_unfed_ancestor():
+    tree = TokenTree(tokens=[1, 2], parents=[ROOT, 0], depth=[1, 2], score=[-1.0, -2.0],
+                     slot=[-1, -1], top=[None, None])
+    with pytest.raises(ValueError):
+        tree_attention(tree, [1], 3, 3)
+    assert tree_attention(tree, [0], 3, 3).tolist() == [[True, True, True, True]]
+
+
+def test_positions():
+    tree = TokenTree(tokens=[1, 2, 3], parents=[ROOT, 0, 1], depth=[1, 2, 3], score=[0, 0, 0],
+                     slot=[-1] * 3, top=[None] * 3)
+    assert positions(tree, [2, 0, 1], 10) == [13, 11, 12]
+
+
+@FAST
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 20))
+def test_subtree_reroots(seed, n):
+    rng = np.random.default_rng(seed)
+    tree, _ = random_fed_tree(rng, n, 4)
+    for i in range(n):
+        tree.top[i] = [(int(rng.integers(0, 100)), -float(rng.random()))]
+    r = int(rng.integers(0, n))
+    sub = tree.subtree(r)
+    desc = [j for j in range(n) if r in tree.path(j) and j != r]
+    assert len(sub) == len(desc)
+    assert sub.root_top == tree.top[r]
+    for k, j in enumerate(desc):
+        assert sub.tokens[k] == tree.tokens[j]
+        assert sub.slot[k] == tree.slot[j]
+        assert sub.top[k] == tree.top[j]
+        assert sub.depth[k] == tree.depth[j] - tree.depth[r]
+        assert sub.score[k] == pytest.approx(tree.score[j] - tree.score[r])
+        pj = tree.parents[j]
+        assert sub.parents[k] == (ROOT if pj == r else desc.index(pj))
+        # the path inside the sub-tree maps to the part of the old path below r
+        old = tree.path(j)
+        assert [desc[m] for m in sub.path(k)] == old[old.index(r) + 1:]
+    check_invariants(sub)
+
+
+def test_copy_is_deep():
+    tree = TokenTree(tokens=[1], parents=[ROOT], depth=[1], score=[-0.5], slot=[3],
+                     top=[[(4, -0.1)]], root_top=[(1, -0.5)])
+    c = tree.copy()
+    assert c == tree
+    c.tokens.append(9)
+    c.parents[0] = 5
+    c.slot[0] = -1
+    c.top[0].append((5, -0.2))
+    c.root_top.append((2, -1.0))
+    c.score[0] = 0.0
+    c.depth[0] = 2
+    assert tree == TokenTree(tokens=[1], parents=[ROOT], depth=[1], score=[-0.5], slot=[3],
+                             top=[[(4, -0.1)]], root_top=[(1, -0.5)])
+
+
+def test_path_children_and_max_depth():
+    tree = TokenTree(tokens=[1, 2, 3, 4], parents=[ROOT, 0, ROOT, 1], depth=[1, 2, 1, 3],
+                     score=[0.0] * 4, slot=[-1] * 4, top=[None] * 4)
+    assert tree.path(3) == [0, 1, 3] and tree.path(ROOT) == []
+    assert tree.children(ROOT) == [0, 2] and tree.children(0) == [1] and tree.children(3) == []
+    assert tree.max_depth == 3 and TokenTree().max_depth == 0
+
+
+@pytest.mark.parametrize("field", ["depth", "budget", "topk", "width"])
+def test_tree_params_validation(field):
+    with pytest.raises(ValueError):
+        TreeParams(**{field: 0})
+    TreeParams(**{field: 1})
