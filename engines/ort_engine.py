@@ -153,9 +153,10 @@ class OrtEngine:
         log.info("onnx engine: %s on %s, capacity %d, kv binding %s", onnx_path, self.provider, cap, kv_binding)
         self.info = EngineInfo("onnx", self.provider, self.vocab, cap, tuple(m.get("eos_token_ids", ())))
 
-        shape = (self.layers, self.kv_heads, cap, self.head_dim)
-        self.k = np.zeros(shape, self.dtype)  # layer i: K[i] is a C-contiguous [kvh, cap, hd] block
-        self.v = np.zeros(shape, self.dtype)
+        # one buffer [2, layers, kvh, cap, hd]: K = [0], V = [1]; layer i of K is the C-contiguous
+        # [kvh, cap, hd] block K[i]; a compaction is a single gather over both
+        self._kv = np.zeros((2, self.layers, self.kv_heads, cap, self.head_dim), self.dtype)
+        self.k, self.v = self._kv[0], self._kv[1]
         # staged binding: contiguous [kvh, P, hd] views are carved out of these per step
         self._stage_k = np.empty(self.k.size, self.dtype) if kv_binding == "staged" else None
         self._stage_v = np.empty(self.v.size, self.dtype) if kv_binding == "staged" else None
@@ -244,8 +245,7 @@ class OrtEngine:
         if not 0 <= dst_start <= self._len:
             raise ValueError(f"compact: dst_start {dst_start} outside [0, {self._len}]")
         if n and not np.array_equal(src, np.arange(dst_start, dst_start + n)):
-            move_kv(self.k, src, dst_start)
-            move_kv(self.v, src, dst_start)
+            move_kv(self._kv, src, dst_start)
         self._len = dst_start + n
 
     def reset(self) -> None:
@@ -253,12 +253,32 @@ class OrtEngine:
 
 
 def move_kv(buf: np.ndarray, src: np.ndarray, dst_start: int) -> None:
-    """``buf[..., dst_start + i, :] = old buf[..., src[i], :]`` along axis -2 (snapshot semantics)."""
-    try:
+    """``buf[..., dst_start + i, :] = old buf[..., src[i], :]`` along axis -2 (snapshot semantics).
+
+    A compaction (``src`` strictly increasing, ``src[i] >= dst_start + i``) is also correct done
+    move by move, so it goes to the native sequential gather kernel when that library loads;
+    anything else (or no library) is a numpy fancy-index copy, which snapshots first.
+    """
+    dst = np.arange(dst_start, dst_start + src.size, dtype=np.int64)
+    if src.size > 1 and bool(np.all(np.diff(src) > 0)) and bool(np.all(src >= dst)) and _native_ok():
         from rapid.engines import native
-    except ImportError:  # the native bindings are optional
-        native = None
-    if native is not None:
-        native.compact(buf, src, dst_start, axis=-2)
+
+        native.gather_rows(buf, src, dst, axis=-2, backend="native")
         return
     buf[..., dst_start:dst_start + src.size, :] = buf[..., src, :]  # fancy index copies first
+
+
+_NATIVE: bool | None = None
+
+
+def _native_ok() -> bool:
+    global _NATIVE
+    if _NATIVE is None:
+        try:
+            from rapid.engines import native
+
+            _NATIVE = bool(native.cpu_available())
+        except Exception:  # optional library: any failure means "use numpy"
+            _NATIVE = False
+        log.info("onnx engine KV compaction: %s", "native gather kernel" if _NATIVE else "numpy")
+    return _NATIVE

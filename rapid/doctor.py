@@ -1,0 +1,107 @@
+"""``rapid doctor``: what this machine can really run (probes, never trusts provider lists)."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import platform
+import shutil
+
+
+def _version(mod: str) -> str | None:
+    try:
+        m = importlib.import_module(mod)
+    except Exception as e:  # noqa: BLE001 - report any import failure
+        return None if isinstance(e, ImportError) else f"import failed: {type(e).__name__}: {e}"
+    return getattr(m, "__version__", "present")
+
+
+def cuda_driver() -> str:
+    """Probe the CUDA driver with cuda-python, else ctypes on libcuda; never via ORT's lists."""
+    try:
+        from cuda.bindings import driver  # cuda-python ≥ 12.6
+
+        err, = driver.cuInit(0)
+        if int(err) != 0:
+            return f"cuda-python: cuInit failed ({err})"
+        err, n = driver.cuDeviceGetCount()
+        return f"cuda-python: {n} device(s)"
+    except ImportError:
+        pass
+    except Exception as e:  # noqa: BLE001
+        return f"cuda-python probe failed: {e}"
+    for name in ("libcuda.so.1", "libcuda.so"):
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        if lib.cuInit(0) != 0:
+            return f"{name}: cuInit failed (no usable GPU)"
+        n = ctypes.c_int()
+        lib.cuDeviceGetCount(ctypes.byref(n))
+        return f"{name}: {n.value} device(s)"
+    return "no CUDA driver (libcuda not found)"
+
+
+def ort_providers() -> list[str]:
+    """Providers that really initialise: open a one-node model with each and read back get_providers()[0]."""
+    try:
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+    except ImportError:
+        return []
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    working = []
+    for p in ort.get_available_providers():
+        try:
+            sess = ort.InferenceSession(model, providers=[p])
+            if sess.get_providers()[0] == p:
+                working.append(p)
+        except Exception:  # noqa: BLE001 - a provider that fails to start is exactly what we report
+            continue
+    return working
+
+
+def run_doctor() -> int:
+    rows: list[tuple[str, str]] = [("python", platform.python_version()), ("machine", platform.machine())]
+    torch_v = _version("torch")
+    if torch_v and not torch_v.startswith("import failed"):
+        import torch
+
+        dev = f"cuda ({torch.cuda.get_device_name(0)})" if torch.cuda.is_available() else "cpu only"
+        rows.append(("torch", f"{torch_v}, {dev}, {torch.get_num_threads()} threads"))
+    else:
+        rows.append(("torch", torch_v or "not installed (needed for the cloud, export and the torch backend)"))
+    rows.append(("transformers", _version("transformers") or "not installed"))
+    ort_v = _version("onnxruntime")
+    if ort_v:
+        import onnxruntime as ort
+
+        rows.append(("onnxruntime", f"{ort_v}; listed {ort.get_available_providers()}; really working {ort_providers()}"))
+    else:
+        rows.append(("onnxruntime", "not installed (pip install 'rapid-spec[edge]' or [gpu])"))
+    rows.append(("tensorrt", _version("tensorrt") or "not installed (JetPack ships it; x86: NVIDIA's index)"))
+    rows.append(("pycuda", _version("pycuda") or "not installed (pip install pycuda on the device)"))
+    rows.append(("cuda driver", cuda_driver()))
+    rows.append(("nvcc", shutil.which("nvcc") or "not found"))
+    try:
+        from rapid.engines import native
+
+        rows.append(("native kv kernels (cpu)", native.cpu_status()))
+        rows.append(("native kv kernels (cuda)", native.cuda_status()))
+    except Exception as e:  # noqa: BLE001
+        rows.append(("native kv kernels", f"unavailable: {e}"))
+    try:
+        from rapid import models
+
+        for row in models.describe_default():
+            rows.append((row["name"], f"{'present' if row['present'] else 'absent'} at {row['path']}"))
+    except Exception as e:  # noqa: BLE001
+        rows.append(("default models", f"unknown: {e}"))
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k.ljust(width)}  {v}")
+    return 0
