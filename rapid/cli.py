@@ -141,9 +141,9 @@ def _dispatch(args) -> int:
 
         return run_demo(args)
     if args.cmd == "export":
-        from rapid.export.onnx_export import run_export
+        from rapid.export.onnx_export import run_from_args
 
-        return run_export(args)
+        return run_from_args(args)
     if args.cmd == "doctor":
         from rapid.doctor import run_doctor
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from rapid.runtime.caac import CAAC, CAACConfig, CAACDecision, FixedDepth
 from rapid.runtime.drafter import Drafter
-from rapid.runtime.link import CloudLink
+from rapid.runtime.link import CloudError, CloudLink
 from rapid.runtime.policies import Policy
 from rapid.runtime.telemetry import RoundRecord, Summary, summarize
 from rapid.sampling import SamplingParams
@@ -95,15 +95,19 @@ class Coordinator:
                        on_tokens: Callable[[list[int]], None] | None = None) -> Generation:
         d, p = self.drafter, self.policy
         stop_ids = d.stop_ids
-        need = len(prompt) + max_new + 4 * d.params.budget + 16
+        need = len(prompt) + max_new + 4 * d.params.budget + 32
         if need > d.engine.info.capacity:
             from rapid.kvcache import ContextFullError
 
             raise ContextFullError(f"prompt ({len(prompt)}) + max tokens ({max_new}) + tree slots need a draft "
                                    f"context of {need}, the engine has {d.engine.info.capacity}")
         t_begin = self.clock()
-        await self.link.open(Hello(list(prompt), sampling.temperature, sampling.top_p, sampling.top_k,
-                                   sampling.seed, max_nodes=4 * d.params.budget + 8))
+        ready = await self.link.open(Hello(list(prompt), sampling.temperature, sampling.top_p, sampling.top_k,
+                                           sampling.seed, max_nodes=d.params.budget))
+        if p.drafting and ready.max_nodes < d.params.budget:
+            await self.link.close()
+            raise CloudError("limits", f"tree budget {d.params.budget} exceeds the cloud's limit of "
+                                       f"{ready.max_nodes} nodes per tree; lower --budget")
         d.start(prompt)
         out: list[int] = []
         records: list[RoundRecord] = []
