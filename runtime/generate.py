@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,8 +62,10 @@ def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> list[int]:
 async def generate_text(edge: EdgeModel, cloud: str, prompt_ids: list[int], *, policy: str = "rapid",
                         max_new: int = 64, sampling: SamplingParams | None = None,
                         tree: TreeParams | None = None, config: CoordinatorConfig | None = None,
-                        stream=None, link: CloudLink | None = None) -> tuple[Generation, str]:
-    """Run one generation; write streamed text to ``stream`` (a file) if given."""
+                        stream=None, link: CloudLink | None = None,
+                        on_tokens: Callable[[list[int]], None] | None = None) -> tuple[Generation, str]:
+    """Run one generation; write streamed text to ``stream`` (a file) if given; ``on_tokens``
+    sees every batch of newly committed token ids."""
     sampling = sampling or SamplingParams()
     tree = tree or TreeParams()
     config = config or CoordinatorConfig(depth=tree.depth)
@@ -71,7 +74,9 @@ async def generate_text(edge: EdgeModel, cloud: str, prompt_ids: list[int], *, p
     detok = Detokenizer(edge.tokenizer)
     pieces: list[str] = []
 
-    def on_tokens(ids: list[int]) -> None:
+    def on_new(ids: list[int]) -> None:
+        if on_tokens is not None:
+            on_tokens(ids)
         piece = detok.push(ids)
         if piece:
             pieces.append(piece)
@@ -79,7 +84,7 @@ async def generate_text(edge: EdgeModel, cloud: str, prompt_ids: list[int], *, p
                 stream.write(piece)
                 stream.flush()
 
-    gen = await coord.generate(prompt_ids, max_new, sampling, on_tokens)
+    gen = await coord.generate(prompt_ids, max_new, sampling, on_new)
     tail = detok.flush()
     if tail:
         pieces.append(tail)

@@ -14,8 +14,8 @@ from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
 from rapid.runtime.drafter import Drafter
 from rapid.runtime.policies import POLICIES
 from rapid.runtime.tree import TreeParams
-from rapid.server.target import TargetSession
 from rapid.sampling import SamplingParams
+from rapid.server.target import TargetSession
 from rapid.tiny import EOS_ID
 
 
@@ -41,7 +41,10 @@ class FlagLink:
         self.feedback = threading.Event()
 
 
-def drafted(draft, prompt=b"abc def", params=TreeParams(3, 10, 2, 2)):
+PARAMS = TreeParams(3, 10, 2, 2)
+
+
+def drafted(draft, prompt=b"abc def", params=PARAMS):
     eng = CountingEngine(draft, capacity=512)
     d = Drafter(eng, params, (EOS_ID,))
     d.start(list(prompt))
