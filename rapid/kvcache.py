@@ -73,6 +73,8 @@ class StaticKV:
             raise ValueError(f"compact: source slots {list(src)} outside [0, {self.length})")
         if not 0 <= dst_start <= self.length:
             raise ValueError(f"compact: dst_start {dst_start} outside [0, {self.length}]")
+        if dst_start + n > self.capacity:
+            raise ValueError(f"compact: {n} entries from {dst_start} exceed capacity {self.capacity}")
         if n and list(src) != list(range(dst_start, dst_start + n)):
             idx = torch.as_tensor(list(src), dtype=torch.long, device=self.k.device)
             # Advanced indexing on the right makes a copy first, so overlapping moves are safe.

@@ -52,12 +52,24 @@ def _gumbel(seed: int, position: int, vocab: int) -> np.ndarray:
     return g
 
 
+def top_k_ids(values: np.ndarray, k: int) -> np.ndarray:
+    """The ``k`` largest entries' indices in descending order, ties broken by lower index; O(V)."""
+    k = min(k, values.shape[0])
+    kth = np.partition(values, values.shape[0] - k)[values.shape[0] - k]
+    above = np.flatnonzero(values > kth)
+    tied = np.flatnonzero(values == kth)[: k - above.shape[0]]
+    idx = np.concatenate([above, tied])
+    return idx[np.lexsort((idx, -values[idx]))]
+
+
 def _filtered(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
     """float64 logits / T with tokens outside top-k / top-p set to -inf."""
     z = logits.astype(np.float64) / p.temperature
     if p.top_k and p.top_k < z.shape[0]:
-        kth = np.partition(z, -p.top_k)[-p.top_k]
-        z = np.where(z >= kth, z, -np.inf)
+        keep = top_k_ids(z, p.top_k)  # exactly k, ties broken by token id
+        mask = np.full(z.shape[0], -np.inf)
+        mask[keep] = 0.0
+        z = z + mask
     if p.top_p < 1.0:
         order = np.lexsort((np.arange(z.shape[0]), -z))  # descending logit, ties by id
         probs = np.exp(z[order] - z[order[0]])

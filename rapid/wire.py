@@ -26,6 +26,7 @@ import numpy as np
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 8 * 1024 * 1024
 MAX_ARRAY = 1 << 20
+MAX_STR = 1 << 16
 
 
 class WireError(Exception):
@@ -99,9 +100,9 @@ Frame = Hello | Ready | Tree | VerdictFrame | ErrorFrame | Bye
 _TYPES: dict[str, tuple[type, ...]] = {
     "prompt": (list,), "tokens": (list,), "parents": (list,), "path": (list,),
     "temperature": (float, int), "top_p": (float, int), "verify_s": (float, int),
-    "top_k": (int,), "seed": (int,), "max_nodes": (int,), "v": (int,), "round": (int, type(None)),
+    "top_k": (int,), "seed": (int,), "max_nodes": (int,), "v": (int,), "round": (int,),
     "bonus": (int,), "committed": (int,), "vocab_size": (int,), "capacity": (int,),
-    "session": (str, type(None)), "code": (str,), "reason": (str,)
+    "session": (str,), "code": (str,), "reason": (str,)
 }
 
 
@@ -115,6 +116,10 @@ def _pack_ints(values: list[int]) -> bytes:
 def encode(frame: Frame) -> bytes:
     body: dict[str, Any] = {"t": frame.T}
     for k, v in asdict(frame).items():
+        if isinstance(v, str) and len(v.encode()) > MAX_STR:
+            if not (isinstance(frame, ErrorFrame) and k == "reason"):
+                raise WireError("bad_value", f"field {k!r} is longer than {MAX_STR} bytes")
+            v = v.encode()[: MAX_STR - 4].decode(errors="ignore") + " …"  # an error reason is cut, never refused
         body[k] = _pack_ints(v) if k in _ARRAYS else v
     return msgpack.packb(body, use_bin_type=True)
 
@@ -127,7 +132,7 @@ def decode(data: bytes | str) -> Frame:
         raise WireError("too_large", f"frame of {len(data)} bytes exceeds {MAX_FRAME_BYTES}")
     try:
         body = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=MAX_FRAME_BYTES,
-                               max_str_len=1 << 16, max_array_len=1 << 10, max_map_len=64)
+                               max_str_len=MAX_STR, max_array_len=1 << 10, max_map_len=64)
     except Exception as e:  # msgpack raises many types on garbage
         raise WireError("bad_frame", f"not a msgpack frame ({type(e).__name__})") from None
     if not isinstance(body, dict) or not isinstance(body.get("t"), str):
@@ -145,7 +150,9 @@ def decode(data: bytes | str) -> Frame:
             if not isinstance(v, bytes) or len(v) % 4 or len(v) // 4 > MAX_ARRAY:
                 raise WireError("bad_frame", f"field {k!r} must be int32 bytes")
             v = np.frombuffer(v, dtype="<i4").astype(np.int64).tolist()
-        elif not isinstance(v, _TYPES[k]) or isinstance(v, bool):
+        elif v is None and cls.__dataclass_fields__[k].default is None:
+            pass  # optional field left empty
+        elif v is None or not isinstance(v, _TYPES[k]) or isinstance(v, bool):
             raise WireError("bad_frame", f"field {k!r} has the wrong type")
         elif isinstance(v, float) and not np.isfinite(v):
             raise WireError("bad_value", f"field {k!r} is not finite")

@@ -71,6 +71,8 @@ class VerdictPlan:
 
 def plan_verdict(tree: TokenTree, path: list[int], bonus: int, prefix_len: int) -> VerdictPlan:
     """See the module docstring. ``prefix_len`` = draft KV entries of the committed prefix."""
+    if any(not 0 <= j < len(tree) for j in path):
+        raise ValueError(f"accepted path {path} has node indices outside [0, {len(tree)})")
     end = path[-1] if path else ROOT
     for a, b in zip([ROOT, *path][: len(path)], path, strict=True):
         if tree.parents[b] != a:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rapid.sampling import top_k_ids
+
 ROOT = -1
 
 
@@ -74,8 +76,7 @@ class TokenTree:
 
     def set_top(self, i: int, logprobs: np.ndarray, k: int) -> None:
         """Record the draft's ``k`` best next tokens after node ``i`` (``logprobs`` [V])."""
-        idx = np.argpartition(-logprobs, min(k, logprobs.shape[0] - 1))[:k]
-        idx = idx[np.lexsort((idx, -logprobs[idx]))]  # descending, ties by token id
+        idx = top_k_ids(logprobs, k)  # descending, ties by token id
         best = [(int(t), float(logprobs[t])) for t in idx]
         if i == ROOT:
             self.root_top = best

@@ -184,9 +184,6 @@ def test_compact_rejects_bad_arguments(src, dst):
     torch.testing.assert_close(kv.k, before)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: StaticKV.compact does not check dst_start + len(src) <= "
-                   "capacity; a move past the buffer end raises a torch RuntimeError (shape "
-                   "mismatch) instead of ValueError/ContextFullError")
 def test_compact_past_capacity_raises_clean_error():
     kv = filled(5, 6)
     with pytest.raises((ValueError, ContextFullError)):

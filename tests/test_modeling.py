@@ -192,9 +192,6 @@ def test_additive_mask(dtype):
     assert m[0, 0, 0, 1] <= -1e8 and torch.isfinite(m).all()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: MASK_MIN = -1e9 is not representable in float16 (max "
-                   "65504), so additive_mask(..., torch.float16) yields -inf, contrary to the "
-                   "comment 'finite so an fp16 export stays NaN-free'")
 def test_additive_mask_is_finite_in_float16():
     m = additive_mask(torch.tensor([[True, False]]), torch.float16)
     assert torch.isfinite(m).all() and m[0, 0, 0, 1] < -1e4

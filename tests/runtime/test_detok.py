@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rapid.runtime.detok import Detokenizer
 from transformers import AutoTokenizer
 
+from rapid.runtime.detok import Detokenizer
 from rapid.tiny import EOS_ID, write_tokenizer
 
 FFFD = "\ufffd"

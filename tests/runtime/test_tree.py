@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from rapid.runtime.tree import ROOT, TokenTree, TreeParams, positions, tree_attention
 
 FAST = settings(max_examples=60, deadline=None)
@@ -261,10 +262,6 @@ def test_tree_params_validation(field):
     TreeParams(**{field: 1})
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: TokenTree.set_top selects the k tokens with "
-                   "np.argpartition, which does not break ties at the k-th boundary by token id; "
-                   "only the order of the selected tokens is tie-broken, so the kept set can skip "
-                   "a lower-id token of equal log-prob (contrary to 'descending, ties by token id')")
 def test_set_top_selection_breaks_boundary_ties_by_id():
     lp = np.array([-2.0, -1.0, -3.0, -1.0, -2.0, -3.0, -2.0, -3.0, -1.0, -2.0, -3.0, -3.0, -3.0,
                    -1.0, -3.0, -3.0, -2.0, -1.0, -2.0, -2.0])

@@ -7,6 +7,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from transformers import AutoModelForCausalLM
+
+from rapid.errors import RapidError
+from rapid.modeling import Decoder
+from rapid.sampling import SamplingParams
 from rapid.server.target import (
     BadTreeError,
     TargetSession,
@@ -15,11 +20,6 @@ from rapid.server.target import (
     tree_depths,
     verify_attention,
 )
-from transformers import AutoModelForCausalLM
-
-from rapid.errors import RapidError
-from rapid.modeling import Decoder
-from rapid.sampling import SamplingParams
 from rapid.tiny import VOCAB, build_tiny
 
 REF_LEN = 24  # reference tokens per example

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from rapid.server.verifier import ROOT, Verdict, accept, validate_tree
 
 
