@@ -120,14 +120,18 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin ``[1, 1, T, d]`` for positions ``[1, T]`` (HF "rotate_half" convention)."""
+    """cos/sin ``[B, 1, T, d]`` for positions ``[B, T]`` (HF "rotate_half" convention)."""
     # float32 like transformers; float64 models get float64 angles so a tree step and a plain
     # step agree to ~1e-16 (vectorised float32 cos differs by an ulp with the batch layout).
     ft = torch.float64 if dtype == torch.float64 else torch.float32
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=ft, device=position_ids.device) / head_dim))
-    freqs = position_ids[0].to(ft)[:, None] * inv_freq[None, :]  # [T, d/2]
+    if position_ids.shape[0] == 1:  # the B = 1 path, kept exactly as it always was
+        freqs = position_ids[0].to(ft)[:, None] * inv_freq[None, :]  # [T, d/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype)[None, None], emb.sin().to(dtype)[None, None]
+    freqs = position_ids.to(ft)[:, :, None] * inv_freq[None, None, :]  # [B, T, d/2]
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype)[None, None], emb.sin().to(dtype)[None, None]
+    return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -145,13 +149,13 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias)
 
     def forward(self, x, cos, sin, mask, kv: KVStore, layer: int) -> torch.Tensor:
-        c, T = self.c, x.shape[1]
-        q = self.q_proj(x).view(1, T, c.num_heads, c.head_dim).transpose(1, 2)  # [1, H, T, d]
-        k = self.k_proj(x).view(1, T, c.num_kv_heads, c.head_dim).transpose(1, 2)  # [1, KVH, T, d]
-        v = self.v_proj(x).view(1, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        c, B, T = self.c, x.shape[0], x.shape[1]
+        q = self.q_proj(x).view(B, T, c.num_heads, c.head_dim).transpose(1, 2)  # [B, H, T, d]
+        k = self.k_proj(x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)  # [B, KVH, T, d]
+        v = self.v_proj(x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        k_all, v_all = kv.attend_kv(layer, k, v)  # [1, KVH, S, d]
+        k_all, v_all = kv.attend_kv(layer, k, v)  # [B, KVH, S, d]
         group = c.num_heads // c.num_kv_heads
         if group > 1:
             k_all = k_all.repeat_interleave(group, dim=1)
@@ -159,7 +163,7 @@ class Attention(nn.Module):
         scores = torch.matmul(q, k_all.transpose(2, 3)) * (1.0 / math.sqrt(c.head_dim)) + mask
         upcast = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
         probs = torch.softmax(upcast, dim=-1).to(q.dtype)
-        out = torch.matmul(probs, v_all).transpose(1, 2).reshape(1, T, c.num_heads * c.head_dim)
+        out = torch.matmul(probs, v_all).transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim)
         return self.o_proj(out)
 
 
@@ -206,12 +210,12 @@ class Decoder(nn.Module):
 
     def forward(
         self,
-        input_ids: torch.Tensor,  # [1, T] int64
-        position_ids: torch.Tensor,  # [1, T] int64
-        attn_mask: torch.Tensor,  # [1, 1, T, P+T] additive, model dtype
+        input_ids: torch.Tensor,  # [B, T] int64 (B > 1: a batch of sessions, see rapid.server.batching)
+        position_ids: torch.Tensor,  # [B, T] int64
+        attn_mask: torch.Tensor,  # [B, 1, T, P+T] additive, model dtype
         kv: KVStore,
         logits_rows: torch.Tensor | None = None,  # [R] rows of T to project; None = all
-    ) -> torch.Tensor:  # [1, T or R, V]
+    ) -> torch.Tensor:  # [B, T or R, V]
         c = self.config
         x = self.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(position_ids, c.head_dim, c.rope_theta, x.dtype)
@@ -255,5 +259,5 @@ def load_decoder(spec: str, dtype: torch.dtype = torch.float32) -> tuple[Decoder
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Bool ``[T, S]`` (True = may attend) → additive ``[1, 1, T, S]`` in ``dtype``."""
     zero = torch.zeros((), dtype=dtype)
-    blocked = torch.full((), MASK_MIN, dtype=dtype)
+    blocked = torch.full((), max(MASK_MIN, torch.finfo(dtype).min / 2), dtype=dtype)  # finite in fp16 too
     return torch.where(allowed, zero, blocked)[None, None]
