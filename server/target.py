@@ -66,7 +66,8 @@ class TargetSession:
         self.model = model
         self.params = params
         self.max_nodes = max_nodes
-        self.kv = StaticKV.for_config(model.config, capacity, model.dtype)
+        self.device = model.embed_tokens.weight.device  # the target may live on a GPU
+        self.kv = StaticKV.for_config(model.config, capacity, model.dtype, self.device)
         self.tokens: list[int] = list(prompt)
         self.forwards = 0
         if len(prompt) > 1:
@@ -82,13 +83,14 @@ class TargetSession:
         self.kv.begin(t)
         with torch.inference_mode():
             logits = self.model(
-                torch.as_tensor([ids], dtype=torch.long), torch.as_tensor([pos], dtype=torch.long),
-                additive_mask(torch.as_tensor(allowed), self.model.dtype), self.kv,
-                None if rows is None else torch.as_tensor(rows, dtype=torch.long),
+                torch.as_tensor([ids], dtype=torch.long, device=self.device),
+                torch.as_tensor([pos], dtype=torch.long, device=self.device),
+                additive_mask(torch.as_tensor(allowed, device=self.device), self.model.dtype), self.kv,
+                None if rows is None else torch.as_tensor(rows, dtype=torch.long, device=self.device),
             )[0]
         self.kv.commit(t)
         self.forwards += 1
-        return logits.float().numpy()
+        return logits.float().cpu().numpy()
 
     def verify(self, tokens: Sequence[int], parents: Sequence[int]) -> Verdict:
         """Verify one tree; on success the session has advanced by ``verdict.emitted`` tokens."""
