@@ -1,0 +1,118 @@
+"""``rapid bench`` and ``rapid sim`` argument parsing."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+QUICK = dict(policies="fixed,rapid", sets="c4", n_prompts=1, token_budget=32, max_new=10,
+             schedules="none,sustained", profiles="wan", repeats=3)
+SMOKE = dict(policies="fixed,npdg,rapid", sets=None, n_prompts=1, token_budget=32, max_new=24,
+             schedules="none,sustained", profiles="lan", repeats=3)
+
+
+def _csv(s: str | None) -> list[str] | None:
+    return [x.strip() for x in s.split(",") if x.strip()] if s else None
+
+
+def bench_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="rapid bench", description="real-run benchmark of drafting policies "
+                                 "(edge in this process, cloud in a subprocess, over the websocket)")
+    ap.add_argument("--out", help="output folder (default bench-out/<timestamp>)")
+    ap.add_argument("--quick", action="store_true", help="~2 min: c4, 1 prompt, fixed+rapid, none+sustained, wan")
+    ap.add_argument("--smoke", action="store_true", help="tiny random models, < 60 s (tests)")
+    ap.add_argument("--draft", default="default-draft")
+    ap.add_argument("--target", default="default-target")
+    ap.add_argument("--policies", help="comma list (default fixed,npdg,rapid)")
+    ap.add_argument("--prompts", help="folder of prompt-set JSON files or one file "
+                    "(default ../shared/data/prompts if present, else built-in prompts)")
+    ap.add_argument("--sets", help="comma list of set names (default c4,mtbench)")
+    ap.add_argument("--n-prompts", type=int, help="prompts per set (default 1)")
+    ap.add_argument("--token-budget", type=int, help="prompt tokens kept, the last ones (default 96)")
+    ap.add_argument("--max-tokens", type=int, help="new tokens per generation (default 24)")
+    ap.add_argument("--contention", help="comma list: none, sustained[:I], burst:ON:OFF[:I] "
+                    "(default none,sustained,burst:4:4)")
+    ap.add_argument("--profiles", help="comma list: local, lan, wan, cellular (default wan)")
+    ap.add_argument("--repeats", type=int, help="repeats per cell (default 3)")
+    ap.add_argument("--net", default="auto", choices=["auto", "netem", "transport"],
+                    help="real netns+netem link, delay in the transport, or auto (netem if permitted)")
+    ap.add_argument("--depth", type=int, default=4)
+    ap.add_argument("--budget", type=int, default=8)
+    ap.add_argument("--topk", type=int, default=2)
+    ap.add_argument("--width", type=int, default=2)
+    ap.add_argument("--edge-cpu", type=int, default=0)
+    ap.add_argument("--cloud-cpu", type=int, default=1)
+    ap.add_argument("--engine", default="torch")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--report-only", action="store_true", help="only (re)write the report of --out")
+    return ap
+
+
+def main_bench(argv: list[str]) -> int:
+    from rapid.bench.report import write_report
+    from rapid.bench.runner import BenchConfig, run_bench
+
+    a = bench_parser().parse_args(argv)
+    out = Path(a.out or f"bench-out/{time.strftime('%Y%m%d-%H%M%S')}")
+    if a.report_only:
+        files = write_report(out)
+        print("\n".join(str(p) for p in files.values()))
+        return 0
+    preset = SMOKE if a.smoke else QUICK if a.quick else {}
+
+    def opt(name, default):
+        v = getattr(a, name)
+        return v if v is not None else preset.get(name, default)
+
+    cfg = BenchConfig(
+        out=out, draft=a.draft, target=a.target,
+        policies=_csv(opt("policies", "fixed,npdg,rapid")),
+        prompts_source=a.prompts, sets=_csv(a.sets) if a.sets else _csv(preset.get("sets", "c4,mtbench")),
+        n_prompts=a.n_prompts or preset.get("n_prompts", 1),
+        token_budget=a.token_budget or preset.get("token_budget", 96),
+        max_new=a.max_tokens or preset.get("max_new", 24),
+        schedules=_csv(a.contention or preset.get("schedules", "none,sustained,burst:4:4")),
+        profiles=_csv(opt("profiles", "wan")), repeats=a.repeats or preset.get("repeats", 3),
+        depth=a.depth, budget=a.budget, topk=a.topk, width=a.width, edge_cpu=a.edge_cpu, cloud_cpu=a.cloud_cpu,
+        net=a.net, seed=a.seed, engine=a.engine, smoke=a.smoke, progress=not a.no_progress)
+    if a.smoke and a.sets is None:
+        cfg.sets = None
+        if a.prompts is None:
+            cfg.prompts_source = None  # resolved below: shared sets if present, else built-in
+            from rapid.bench.prompts import default_prompt_dir
+
+            if default_prompt_dir() is not None:
+                cfg.sets = ["c4"]
+    t0 = time.perf_counter()
+    run_bench(cfg)
+    files = write_report(out)
+    print(f"rapid bench: {time.perf_counter() - t0:.0f}s; wrote", file=sys.stderr)
+    for p in files.values():
+        print(p)
+    return 0
+
+
+def sim_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="rapid sim", description="discrete-event simulator calibrated from "
+                                 "rapid bench traces (same policy objects as the runtime)")
+    ap.add_argument("--traces", action="append", required=True, help="rapid bench output folder (repeatable)")
+    ap.add_argument("--out", help="output folder (default <first traces>/sim)")
+    ap.add_argument("--gpu-profile", help="JSON {\"nodes\": [...], \"seconds\": [...]}: cloud verify time model")
+    ap.add_argument("--policies", help="comma list (default: the traced ones, plus caac/ipdg)")
+    ap.add_argument("--contention", help="comma list of schedules to simulate (default: the traced ones)")
+    ap.add_argument("--profiles", help="comma list of network profiles (default: the traced ones)")
+    ap.add_argument("--tokens", type=int, default=256, help="tokens per simulated generation")
+    ap.add_argument("--seeds", type=int, default=5, help="simulated generations per cell (seeds 0..n-1)")
+    ap.add_argument("--edges", default="1,4,16,64,256", help="comma list of edge counts for the scale study")
+    ap.add_argument("--max-batch", type=int, default=64)
+    return ap
+
+
+def main_sim(argv: list[str]) -> int:
+    from rapid.bench.sim import run_sim_cli
+
+    a = sim_parser().parse_args(argv)
+    return run_sim_cli(a)

@@ -1,0 +1,113 @@
+"""PNG plots of a bench folder (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _schedule_of(meta: dict, name: str):
+    from rapid.bench.contention import Schedule
+
+    d = meta.get("schedules", {}).get(name)
+    return Schedule(**d) if d else None
+
+
+def _pick_run(rounds: list[dict]) -> tuple[tuple, dict[str, list[dict]]]:
+    """The first (profile, schedule, set, prompt, repeat 0) cell, preferring a contended schedule."""
+    cells: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for r in rounds:
+        if r.get("repeat", 0) == 0:
+            cells[(r["profile"], r["schedule"], r["set"], r["prompt_id"])][r["policy"]].append(r)
+    if not cells:
+        return (), {}
+    keys = sorted(cells, key=lambda k: (k[1] == "none", k))
+    return keys[0], cells[keys[0]]
+
+
+def make_plots(folder: Path, rows: list[dict], rounds: list[dict], meta: dict) -> dict[str, Path]:
+    plt = _plt()
+    out: dict[str, Path] = {}
+
+    # 1. throughput by policy and prompt set (one panel per profile × schedule)
+    panels = sorted({(r["profile"], r["schedule"]) for r in rows})
+    if panels:
+        fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
+        for ax, (prof, sched) in zip(axes[0], panels, strict=True):
+            sub = [r for r in rows if r["profile"] == prof and r["schedule"] == sched]
+            sets = sorted({r["set"] for r in sub})
+            pols = sorted({r["policy"] for r in sub})
+            w = 0.8 / max(len(pols), 1)
+            for j, pol in enumerate(pols):
+                xs, ys, lo, hi = [], [], [], []
+                for i, s in enumerate(sets):
+                    r = next((r for r in sub if r["set"] == s and r["policy"] == pol), None)
+                    if r:
+                        xs.append(i + j * w)
+                        ys.append(r["tok_s"])
+                        lo.append(r["tok_s"] - r["tok_s_min"])
+                        hi.append(r["tok_s_max"] - r["tok_s"])
+                ax.bar(xs, ys, w, yerr=[lo, hi], capsize=3, label=pol)
+            ax.set_xticks([i + w * (len(pols) - 1) / 2 for i in range(len(sets))], sets)
+            ax.set_title(f"{prof} / {sched}", fontsize=9)
+            ax.set_ylabel("tok/s (median, min–max)")
+        axes[0][0].legend(fontsize=8)
+        fig.tight_layout()
+        out["throughput"] = folder / "throughput.png"
+        fig.savefig(out["throughput"], dpi=90)
+        plt.close(fig)
+
+    key, by_policy = _pick_run(rounds)
+    if by_policy:
+        sched = _schedule_of(meta, key[1])
+        horizon = max(r["t_rel_end"] for rs in by_policy.values() for r in rs)
+        # 2. depth, ESR and eta over time, contention shaded
+        fig, axes = plt.subplots(3, 1, figsize=(8, 6.5), sharex=True)
+        for pol, rs in sorted(by_policy.items()):
+            t = [r["t_rel_start"] for r in rs]
+            axes[0].step(t, [r["depth"] for r in rs], where="post", label=pol)
+            axes[1].plot(t, [r["esr"] for r in rs], marker=".", label=pol)
+            axes[2].plot(t, [r["eta"] for r in rs], marker=".", label=pol)
+        for ax, name in zip(axes, ("depth", "ESR", "η"), strict=True):
+            ax.set_ylabel(name)
+            if sched is not None:
+                for a, b in sched.periods(horizon):
+                    ax.axvspan(a, b, color="red", alpha=0.12, lw=0)
+        axes[0].legend(fontsize=8)
+        axes[0].set_title(f"{' / '.join(map(str, key))} — shaded: contention period", fontsize=9)
+        axes[2].set_xlabel("seconds since generation start")
+        fig.tight_layout()
+        out["controller"] = folder / "controller.png"
+        fig.savefig(out["controller"], dpi=90)
+        plt.close(fig)
+
+        # 3. round timeline: drafting, waiting (proactive expansion inside), interrupts
+        pols = sorted(by_policy)
+        fig, ax = plt.subplots(figsize=(9, 0.7 * len(pols) + 1.5))
+        for y, pol in enumerate(pols):
+            for r in by_policy[pol]:
+                t0 = r["t_rel_start"]
+                ax.broken_barh([(t0, r["draft_s"])], (y - 0.35, 0.7), color="tab:blue")
+                ax.broken_barh([(t0 + r["draft_s"], r["wait_s"])], (y - 0.35, 0.7), color="tab:orange")
+                if r.get("interrupted_at") is not None:
+                    ax.plot([t0 + r["draft_s"] + r["wait_s"]], [y + 0.45], "v", color="black", ms=5)
+        if sched is not None:
+            for a, b in sched.periods(horizon):
+                ax.axvspan(a, b, color="red", alpha=0.1, lw=0)
+        ax.set_yticks(range(len(pols)), pols)
+        ax.set_xlabel("seconds since generation start")
+        ax.set_title("round timeline: blue drafting, orange waiting for the verdict, ▼ interrupt", fontsize=9)
+        fig.tight_layout()
+        out["timeline"] = folder / "timeline.png"
+        fig.savefig(out["timeline"], dpi=90)
+        plt.close(fig)
+    return out

@@ -1,0 +1,77 @@
+"""Benchmark prompt sets, read by path (never copied into the repository).
+
+A set is a JSON list of ``[id, prompt]`` pairs (``shared/data/prompts/*.json``). Prompts are
+truncated to a token budget — the LAST ``budget`` tokens, so continuation prompts keep their
+end — and the budget is recorded in the report.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+BUILTIN: dict[str, list[tuple[str, str]]] = {
+    "builtin": [
+        ("code0", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'),
+        ("text0", "The history of the printing press begins in the fifteenth century, when"),
+        ("code1", "import numpy as np\n\ndef softmax(x):\n"),
+        ("text1", "A hash map is a data structure that"),
+    ],
+}
+
+_LLAMA_MARKERS = re.compile(r"\[/?INST\]|<</?SYS>>|</?s>")
+
+
+def default_prompt_dir() -> Path | None:
+    """``../shared/data/prompts`` relative to the repository, if it exists."""
+    repo = Path(__file__).resolve().parent.parent
+    d = repo.parent / "shared" / "data" / "prompts"
+    return d if d.is_dir() else None
+
+
+@dataclass(slots=True, frozen=True)
+class Prompt:
+    set: str
+    id: str
+    text: str
+
+
+def load_sets(source: str | Path | None, names: list[str] | None = None) -> dict[str, list[Prompt]]:
+    """Prompt sets from a folder of ``*.json`` files or one file; built-ins when ``source`` is None."""
+    if source is None:
+        source = default_prompt_dir()
+    if source is None:
+        sets = {k: [Prompt(k, i, t) for i, t in v] for k, v in BUILTIN.items()}
+    else:
+        p = Path(source)
+        files = sorted(p.glob("*.json")) if p.is_dir() else [p]
+        sets = {}
+        for f in files:
+            rows = json.loads(f.read_text(encoding="utf-8"))
+            sets[f.stem] = [Prompt(f.stem, str(r[0]), _clean(str(r[1]))) for r in rows]
+    if names:
+        missing = [n for n in names if n not in sets]
+        if missing:
+            raise ValueError(f"prompt sets {missing} not found; have {sorted(sets)}")
+        sets = {n: sets[n] for n in names}
+    return sets
+
+
+def _clean(text: str) -> str:
+    """Strip Llama-2 chat markers (oasst, mtbench): the text is then used as a plain prompt."""
+    return _LLAMA_MARKERS.sub("", text).strip()
+
+
+def truncate_ids(ids: list[int], budget: int) -> list[int]:
+    """The last ``budget`` tokens (all of them if the budget is 0)."""
+    return list(ids) if budget <= 0 or len(ids) <= budget else list(ids[-budget:])
+
+
+def pick(prompts: list[Prompt], n: int, offset: int = 0) -> list[Prompt]:
+    """``n`` prompts spread evenly over the set (deterministic)."""
+    if n <= 0 or n >= len(prompts):
+        return list(prompts)
+    step = len(prompts) / n
+    return [prompts[(offset + int(k * step)) % len(prompts)] for k in range(n)]

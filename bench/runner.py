@@ -1,0 +1,251 @@
+"""Real runs: policies × prompt sets × contention schedules × network profiles.
+
+The cloud is a separate process (``python -m rapid.bench.cloud``, i.e. ``rapid serve`` with
+optional transport-delay emulation) pinned to one core; the edge drafts in this process,
+pinned to the other core together with the co-running load process. Every policy sees the same
+prompts, schedule (restarted at the start of each generation) and profile; policies run
+interleaved (A B A B …) inside each repeat.
+
+Output folder:
+    rounds.jsonl   one row per round: RoundRecord fields + run metadata + contention state
+    runs.jsonl     one row per generation: telemetry Summary + metadata + token digest
+    meta.json      the configuration, the network mode and the machine
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rapid.bench import netem
+from rapid.bench.contention import LoadProcess, Schedule, parse_schedule, pin
+from rapid.bench.prompts import load_sets, pick, truncate_ids
+
+
+@dataclass(slots=True)
+class BenchConfig:
+    out: Path
+    draft: str = "default-draft"
+    target: str = "default-target"
+    policies: list[str] = field(default_factory=lambda: ["fixed", "npdg", "rapid"])
+    prompts_source: str | None = None
+    sets: list[str] | None = None
+    n_prompts: int = 1  # per set
+    token_budget: int = 96  # prompt tokens kept (the last ones)
+    max_new: int = 24
+    schedules: list[str] = field(default_factory=lambda: ["none", "sustained", "burst:4:4"])
+    profiles: list[str] = field(default_factory=lambda: ["wan"])
+    repeats: int = 3
+    depth: int = 4
+    budget: int = 8
+    topk: int = 2
+    width: int = 2
+    edge_cpu: int = 0
+    cloud_cpu: int = 1
+    net: str = "auto"  # auto | netem | transport
+    seed: int = 0
+    engine: str = "torch"
+    smoke: bool = False
+    progress: bool = True
+
+
+def _cpus() -> set[int]:
+    try:
+        return set(os.sched_getaffinity(0))
+    except AttributeError:
+        return set(range(os.cpu_count() or 1))
+
+
+def _start_cloud(target: str, port: int, host: str, cpu: int | None, profile: netem.NetProfile | None,
+                 log_path: Path, prefix: list[str], seed: int, timeout: float = 600.0) -> subprocess.Popen:
+    import socket
+
+    from rapid.errors import RapidError
+
+    cmd = [*prefix, sys.executable, "-m", "rapid.bench.cloud", "--target", target, "--host", host,
+           "--port", str(port), "--seed", str(seed)]
+    if cpu is not None:
+        cmd += ["--cpus", str(cpu)]
+    if profile is not None:
+        cmd += ["--rtt-ms", str(profile.rtt_ms), "--jitter-ms", str(profile.jitter_ms)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    log = open(log_path, "w")  # noqa: SIM115 - lives as long as the process
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RapidError(f"the cloud exited with code {proc.returncode}\n{log_path.read_text()[-2000:]}")
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return proc
+        except OSError:
+            time.sleep(0.3)
+    proc.kill()
+    raise RapidError(f"the cloud did not listen on {host}:{port} within {timeout:.0f}s")
+
+
+def _models(cfg: BenchConfig) -> tuple[str, str]:
+    if cfg.smoke:
+        from rapid.tiny import build_tiny
+
+        root = Path(tempfile.mkdtemp(prefix="rapid-bench-tiny-"))
+        target = str(build_tiny(root / "target", seed=0))
+        draft = str(build_tiny(root / "draft", seed=1, base_seed=0, perturb=0.05))
+        return draft, target
+    from rapid import models
+
+    need = [w for w, spec in (("target", cfg.target), ("draft", cfg.draft)) if spec == f"default-{w}"]
+    if need:
+        models.fetch_default(tuple(need))
+    return models.resolve_model(cfg.draft), models.resolve_model(cfg.target)
+
+
+def _net_mode(cfg: BenchConfig) -> tuple[str, str]:
+    """('netem', '') or ('transport', reason)."""
+    if cfg.net == "transport":
+        return "transport", "requested with --net transport"
+    if all(netem.get_profile(p).rtt_ms == 0 for p in cfg.profiles):
+        return "transport", "no delay requested"
+    ok, why = netem.probe()
+    if ok:
+        return "netem", ""
+    if cfg.net == "netem":
+        from rapid.errors import RapidError
+
+        raise RapidError(f"--net netem: a netns/netem link cannot be built here: {why}")
+    return "transport", why
+
+
+def run_bench(cfg: BenchConfig) -> Path:
+    """Run the matrix; write the output folder; return it."""
+    from tqdm import tqdm
+
+    from rapid.demo import free_port, stop_server
+    from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
+    from rapid.runtime.drafter import Drafter
+    from rapid.runtime.generate import open_edge_model
+    from rapid.runtime.link import CloudLink
+    from rapid.runtime.policies import get_policy
+    from rapid.runtime.tree import TreeParams
+    from rapid.sampling import SamplingParams
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("rounds.jsonl", "runs.jsonl"):
+        (out / name).unlink(missing_ok=True)
+    policies = [get_policy(p) for p in cfg.policies]
+    schedules = [parse_schedule(s) for s in cfg.schedules]
+    profiles = [netem.get_profile(p) for p in cfg.profiles]
+    sets = load_sets(cfg.prompts_source, cfg.sets)
+    chosen = {k: pick(v, cfg.n_prompts) for k, v in sets.items()}
+    cpus = _cpus()
+    two = len(cpus) >= 2 and cfg.edge_cpu in cpus and cfg.cloud_cpu in cpus and cfg.edge_cpu != cfg.cloud_cpu
+    edge_cpus = {cfg.edge_cpu} if two else None
+    mode, why = _net_mode(cfg)
+    draft, target = _models(cfg)
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    old_aff = _cpus()
+    pinned = pin(edge_cpus)
+    edge = open_edge_model(draft, cfg.engine, 2048, 1)
+    tree = TreeParams(cfg.depth, cfg.budget, cfg.topk, cfg.width)
+    sampling = SamplingParams(0.0, 1.0, 0, cfg.seed)
+    encoded = {k: [(p, truncate_ids(list(edge.tokenizer(p.text)["input_ids"]), cfg.token_budget)) for p in v]
+               for k, v in chosen.items()}
+    meta = {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
+        "draft": draft, "target": target, "net_mode": mode, "net_fallback_reason": why,
+        "pinned": pinned, "edge_cpus": sorted(edge_cpus or []), "cloud_cpu": cfg.cloud_cpu if two else None,
+        "cpus": sorted(cpus), "machine": platform.platform(), "python": platform.python_version(),
+        "prompts": {k: [p.id for p, _ in v] for k, v in encoded.items()},
+        "prompt_tokens": {k: [len(ids) for _, ids in v] for k, v in encoded.items()},
+        "token_budget": cfg.token_budget, "profiles": {p.name: asdict(p) for p in profiles},
+        "schedules": {s.name: asdict(s) for s in schedules}, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "chat_template": False,
+    }
+    (out / "meta.json").write_text(json.dumps(meta, indent=2))
+    total = (len(profiles) * len(schedules) * cfg.repeats * sum(len(v) for v in encoded.values())
+             * len(policies))
+    bar = tqdm(total=total, desc="rapid bench", unit="gen", disable=not cfg.progress, file=sys.stderr)
+    try:
+        for prof in profiles:
+            plan = netem.NetnsPlan()
+            if mode == "netem":
+                ok, err = netem.setup(prof, plan)
+                if not ok:
+                    from rapid.errors import RapidError
+
+                    raise RapidError(f"netem setup failed: {err}")
+                host, prefix, delay_prof = plan.ns_ip, netem.exec_prefix(plan), None
+            else:
+                host, prefix, delay_prof = "127.0.0.1", [], (prof if prof.rtt_ms > 0 else None)
+            port = free_port()
+            proc = _start_cloud(target, port, host, cfg.cloud_cpu if two else None, delay_prof,
+                                out / f"cloud-{prof.name}.log", prefix, cfg.seed)
+            url = f"ws://{host}:{port}"
+            try:
+                # warm-up generation (not recorded): first forwards of both models, lazy init
+                first = next(iter(encoded.values()))[0][1]
+                _warm = Drafter(edge.engine, tree, edge.stop_ids)
+                asyncio.run(Coordinator(_warm, CloudLink(url), policies[0],
+                                        CoordinatorConfig(depth=cfg.depth)).generate(first, 2, sampling))
+                for sched in schedules:
+                    with LoadProcess(sched, edge_cpus) as load:
+                        time.sleep(0.5 if sched.kind != "none" else 0.0)  # the load process imports numpy
+                        for rep in range(cfg.repeats):
+                            for set_name, items in encoded.items():
+                                for prompt, ids in items:
+                                    order = policies if rep % 2 == 0 else policies[::-1]
+                                    for pol in order:
+                                        bar.set_postfix_str(f"{prof.name} {sched.name} {pol.name} r{rep}")
+                                        row_meta = {"profile": prof.name, "net_mode": mode, "schedule": sched.name,
+                                                    "set": set_name, "prompt_id": prompt.id, "repeat": rep,
+                                                    "prompt_tokens": len(ids)}
+                                        _one(out, edge, tree, sampling, cfg, pol, url, ids, load, sched, row_meta,
+                                             Drafter, CloudLink, Coordinator, CoordinatorConfig)
+                                        bar.update(1)
+            finally:
+                stop_server(proc)
+                if mode == "netem":
+                    netem.teardown(plan)
+    finally:
+        bar.close()
+        pin(old_aff)
+    return out
+
+
+def _one(out, edge, tree, sampling, cfg, pol, url, ids, load: LoadProcess, sched: Schedule, row_meta,
+         Drafter, CloudLink, Coordinator, CoordinatorConfig) -> None:
+    drafter = Drafter(edge.engine, tree, edge.stop_ids)
+    coord = Coordinator(drafter, CloudLink(url), pol, CoordinatorConfig(depth=cfg.depth))
+    load.start_epoch()
+    t0 = time.perf_counter()  # the schedule's epoch on the coordinator's clock
+    gen = asyncio.run(coord.generate(ids, cfg.max_new, sampling))
+    load.pause()
+    with open(out / "rounds.jsonl", "a", encoding="utf-8") as f:
+        for r in gen.records:
+            row = asdict(r)
+            a, b = r.t_start - t0, r.t_end - t0
+            row.update(row_meta)
+            row.update(t_rel_start=a, t_rel_end=b, load=sched.load_fraction(a, b),
+                       contended=sched.active((a + b) / 2))
+            f.write(json.dumps(row) + "\n")
+    s = gen.summary
+    row = {k: v for k, v in asdict(s).items() if k != "extra"}
+    row.update(row_meta)
+    lat = [r.t_end - r.t_start for r in gen.records]
+    row.update(policy=pol.name, digest=hashlib.sha1(json.dumps(gen.tokens).encode()).hexdigest()[:12],
+               per_token_s=s.wall_s / max(s.tokens, 1), round_latencies=lat,
+               contended_fraction=(sum(1 for r in gen.records if sched.active((r.t_start + r.t_end) / 2 - t0))
+                                   / max(len(gen.records), 1)))
+    with open(out / "runs.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")

@@ -1,0 +1,27 @@
+import csv
+
+from rapid.bench.report import aggregate, ratios, read_jsonl, write_report
+
+
+def test_report_writes_every_file(canned):
+    files = write_report(canned)
+    for key in ("summary", "report", "throughput", "controller", "timeline"):
+        assert files[key].exists() and files[key].stat().st_size > 0, key
+    assert files["throughput"].read_bytes()[:4] == b"\x89PNG"
+    rows = list(csv.DictReader(open(files["summary"])))
+    assert len(rows) == 6 and {r["policy"] for r in rows} == {"fixed", "npdg", "rapid"}
+    md = files["report"].read_text()
+    for needle in ("EMULATED in the transport", "last **32 tokens**", "vs fixed", "throughput tok/s",
+                   "p95 round ms", "proactive hit rate", "discarded expansions", "identical tokens on 2/2"):
+        assert needle in md, needle
+
+
+def test_ratios_against_fixed(canned):
+    rows = aggregate(read_jsonl(canned / "runs.jsonl"))
+    rat = ratios(rows)
+    fixed = [r for r in rat if r["policy"] == "fixed"]
+    assert all(abs(r["vs_fixed"] - 1) < 1e-12 for r in fixed)
+    assert all("vs_npdg" in r for r in rat)
+    for r in rows:
+        assert r["tok_s_min"] <= r["tok_s"] <= r["tok_s_max"] and r["runs"] == 3
+        assert r["round_p50_ms"] <= r["round_p95_ms"]

@@ -1,0 +1,45 @@
+import pytest
+
+from rapid.bench.contention import Schedule, parse_schedule
+from rapid.bench.prompts import load_sets, pick, truncate_ids
+
+
+def test_parse_and_names():
+    assert parse_schedule("none") == Schedule()
+    s = parse_schedule("sustained:0.5")
+    assert (s.kind, s.intensity, s.name) == ("sustained", 0.5, "sustained:0.5")
+    b = parse_schedule("burst:2:3")
+    assert (b.on_s, b.off_s, b.intensity, b.name) == (2.0, 3.0, 1.0, "burst:2:3")
+    assert parse_schedule(b.name) == b
+    for bad in ("bogus", "burst:1", "sustained:2", "burst:0:1", "none:1"):
+        with pytest.raises(ValueError):
+            parse_schedule(bad)
+
+
+def test_burst_periods_and_activity():
+    b = parse_schedule("burst:2:3")
+    assert b.active(0.0) and b.active(1.99) and not b.active(2.0) and not b.active(4.9) and b.active(5.0)
+    assert b.periods(12) == [(0.0, 2.0), (5.0, 7.0), (10.0, 12)]
+    assert b.load_fraction(0, 5, n=100) == pytest.approx(0.4)
+    assert not Schedule().active(3) and Schedule().periods(10) == []
+    s = parse_schedule("sustained")
+    assert s.periods(10) == [(0.0, 10)] and s.load_fraction(1, 2) == 1.0
+
+
+def test_intensity_is_a_duty_cycle():
+    s = parse_schedule("sustained:0.25")
+    ts = [k * 0.001 for k in range(10000)]
+    frac = sum(s.busy(t) for t in ts) / len(ts)
+    assert frac == pytest.approx(0.25, abs=0.02)
+    assert not any(Schedule().busy(t) for t in ts)
+
+
+def test_prompts_builtin_and_truncation(tmp_path):
+    f = tmp_path / "x.json"
+    f.write_text('[[1, "[INST] hello [/INST]"], [2, "b"], [3, "c"], [4, "d"]]')
+    sets = load_sets(f)
+    assert list(sets) == ["x"] and sets["x"][0].text == "hello"
+    assert [p.id for p in pick(sets["x"], 2)] == ["1", "3"]
+    assert truncate_ids(list(range(10)), 3) == [7, 8, 9] and truncate_ids([1, 2], 5) == [1, 2]
+    with pytest.raises(ValueError):
+        load_sets(f, ["nope"])
