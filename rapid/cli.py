@@ -51,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-sessions", type=int, default=16)
     s.add_argument("--max-context", type=int, default=4096)
     s.add_argument("--max-nodes", type=int, default=64)
+    s.add_argument("--token-file", help="shared secret for the websocket handshake (else $RAPID_TOKEN; none = open, dev only)")
+    s.add_argument("--cert", help="TLS certificate (PEM): serve wss://")
+    s.add_argument("--key", help="TLS private key (PEM)")
+    s.add_argument("--batch-window-ms", type=float, default=2.0, help="collect trees of several sessions this long")
+    s.add_argument("--max-batch", type=int, default=8, help="trees per target forward (1 = no batching)")
+    s.add_argument("--idle-timeout", type=float, default=600.0, help="free a silent session's KV after this many s")
+    s.add_argument("--grace", type=float, default=30.0, help="keep a dropped session's KV this long for a resume")
 
     g = sub.add_parser("generate", help="generate with edge drafting and cloud verification")
     g.add_argument("prompt")
@@ -131,7 +138,9 @@ def _dispatch(args) -> int:
         from rapid.server.main import run_serve
 
         return run_serve(args.target, args.host, args.port, args.threads, args.dtype, args.max_sessions,
-                         args.max_context, args.max_nodes)
+                         args.max_context, args.max_nodes, token_file=args.token_file, cert=args.cert,
+                         key=args.key, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
+                         idle_timeout=args.idle_timeout, grace=args.grace)
     if args.cmd == "generate":
         from rapid.runtime.generate import run_generate
 

@@ -1,14 +1,28 @@
 """The cloud verifier's websocket server.
 
-One connection carries one session: ``Hello`` (prefill the prompt) → ``Ready``, then any number
-of ``Tree`` → ``VerdictFrame``. Model work runs on one worker thread so the event loop keeps
-serving other connections. Anything wrong with a frame or a tree is answered with an
-``ErrorFrame`` carrying a reason; the connection stays usable and other sessions are untouched.
+A connection drives one session: ``Hello`` (prefill the prompt) → ``Ready``, then any number of
+``Tree`` → ``VerdictFrame``. Model work runs on one worker thread so the event loop keeps serving
+other connections; with ``max_batch > 1`` trees of different sessions that arrive within
+``batch_window_s`` share one target forward (``rapid.server.batching``). Anything wrong with a
+frame or a tree is answered with an ``ErrorFrame`` carrying a reason; the connection stays
+usable and other sessions are untouched.
+
+Security: with a token configured, the HTTP upgrade must carry ``Authorization: Bearer <token>``
+or it is answered 401 before any frame is read (``rapid.auth``). ``GET /health`` is open,
+``GET /metrics`` (Prometheus text) needs the token too. TLS is the ``ssl`` context given to
+``serve_forever``.
+
+Fault tolerance: a connection that drops without ``Bye`` leaves its session *detached* for
+``limits.grace_s``; ``Hello(session=id, prompt=committed tokens)`` on a new connection resumes it
+(``Ready.committed`` may then be ahead of the edge by one verdict that was lost in flight: the
+edge re-sends that tree and gets the stored verdict, never a second verification). An unknown or
+mismatched session id is re-established by prefilling the committed tokens (a restarted cloud).
 """
 
 from __future__ import annotations
 
 import asyncio
+import http
 import logging
 import time
 from collections.abc import Callable
@@ -17,10 +31,13 @@ from concurrent.futures import ThreadPoolExecutor
 import websockets
 from websockets.asyncio.server import ServerConnection, serve
 
+from rapid.auth import check_authorization
 from rapid.errors import RapidError
 from rapid.modeling import Decoder
 from rapid.sampling import SamplingParams
-from rapid.server.sessions import Limits, SessionTable
+from rapid.server.batching import Batcher
+from rapid.server.metrics import ServerMetrics
+from rapid.server.sessions import Entry, Limits, SessionTable
 from rapid.server.target import TargetSession
 from rapid.wire import (
     MAX_FRAME_BYTES,
@@ -40,13 +57,47 @@ log = logging.getLogger("rapid.server")
 
 class VerifierServer:
     def __init__(self, model: Decoder, limits: Limits | None = None,
-                 answer_delay: Callable[[], float] | None = None) -> None:
+                 answer_delay: Callable[[], float] | None = None, *, token: str | None = None,
+                 batch_window_ms: float = 0.0, max_batch: int = 1) -> None:
         self.model = model
         self.answer_delay = answer_delay  # seconds to hold each verdict (transport-delay emulation)
         self.limits = limits or Limits()
         self.sessions = SessionTable(self.limits)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rapid-verify")
-        self.stats = {"connections": 0, "rounds": 0, "errors": 0}
+        self.token = token
+        self.metrics = ServerMetrics()
+        self.batcher = (Batcher(self.pool, batch_window_ms / 1000.0, max_batch, self._on_batch)
+                        if max_batch > 1 else None)
+        self.stats = {"connections": 0, "rounds": 0, "errors": 0, "replayed": 0, "resumed": 0}
+        self.port: int | None = None
+        if token is None:
+            log.warning("verifier runs WITHOUT authentication (no --token-file / RAPID_TOKEN): local use only")
+
+    # -- HTTP side of the handshake ------------------------------------------------------------
+
+    def process_request(self, connection: ServerConnection, request):
+        path = request.path.split("?", 1)[0]
+        if path == "/health":
+            return connection.respond(http.HTTPStatus.OK, "ok\n")
+        if not check_authorization(request.headers.get("Authorization"), self.token):
+            self.metrics.auth_failures.inc()
+            return connection.respond(http.HTTPStatus.UNAUTHORIZED, "missing or wrong bearer token\n")
+        if path == "/metrics":
+            self._refresh_gauges()
+            resp = connection.respond(http.HTTPStatus.OK, self.metrics.render().decode())
+            resp.headers["Content-Type"] = "text/plain; version=0.0.4; charset=utf-8"
+            return resp
+        return None
+
+    def _refresh_gauges(self) -> None:
+        self.metrics.sessions_active.set(len(self.sessions))
+        self.metrics.sessions_detached.set(self.sessions.detached)
+
+    def _on_batch(self, size: int, seconds: float) -> None:
+        self.metrics.batch_size.observe(size)
+        self.metrics.forward_latency.observe(seconds)
+
+    # -- websocket side ------------------------------------------------------------------------
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
@@ -54,77 +105,146 @@ class VerifierServer:
     async def handle(self, ws: ServerConnection) -> None:
         self.stats["connections"] += 1
         sid: str | None = None
+        bye = False
         try:
             async for message in ws:
-                reply, sid = await self._on_message(message, sid)
+                reply, sid = await self._on_message(message, sid, ws)
                 if reply is None:
+                    bye = True
                     break
                 await ws.send(encode(reply))
         except websockets.ConnectionClosed:
             pass
         finally:
-            self.sessions.drop(sid)
+            if bye:
+                self.sessions.drop(sid, ws)
+            else:  # vanished: keep the KV for a resume during the grace period
+                self.sessions.detach(sid, ws)
+            self._refresh_gauges()
 
-    async def _on_message(self, message, sid):
+    def _error(self, code: str, reason: str, round_id: int | None = None) -> ErrorFrame:
+        self.stats["errors"] += 1
+        self.metrics.error(code)
+        return ErrorFrame(code, reason, round_id)
+
+    async def _on_message(self, message, sid, ws=None):
         """Return (reply frame or None to close, session id)."""
         try:
             frame = decode(message)
         except WireError as e:
-            self.stats["errors"] += 1
-            return ErrorFrame(e.code, e.reason), sid
+            return self._error(e.code, e.reason), sid
         if isinstance(frame, Bye):
             return None, sid
         if isinstance(frame, Hello):
-            return await self._hello(frame, sid)
+            return await self._hello(frame, sid, ws)
         if isinstance(frame, Tree):
-            session = self.sessions.get(sid) if sid else None
-            if session is None:
-                return ErrorFrame("no_session", "send a hello frame before trees", frame.round), sid
-            return await self._verify(session, frame), sid
-        return ErrorFrame("unexpected", f"a client may not send {frame.T} frames"), sid
+            entry = self.sessions.entry(sid)
+            if entry is None or entry.owner is not ws:
+                why = "send a hello frame before trees" if sid is None else "the session expired or moved to another connection"
+                return self._error("no_session", why, frame.round), sid
+            entry.last_active = self.sessions.clock()
+            return await asyncio.shield(self._verify(entry, frame)), sid
+        return self._error("unexpected", f"a client may not send {frame.T} frames"), sid
 
-    async def _hello(self, h: Hello, sid):
+    async def _hello(self, h: Hello, sid, ws):
         if sid is not None:
-            return ErrorFrame("bad_state", "this connection already has a session"), sid
-        if self.sessions.full:
-            return ErrorFrame("busy", f"the server is at its limit of {self.limits.max_sessions} sessions; retry later"), sid
+            return self._error("bad_state", "this connection already has a session"), sid
         try:
             params = SamplingParams(h.temperature, h.top_p, h.top_k, h.seed)
-            max_nodes = min(h.max_nodes, self.limits.max_nodes)
+        except (ValueError, RapidError) as e:
+            return self._error("bad_hello", str(e)), sid
+        max_nodes = max(1, min(h.max_nodes, self.limits.max_nodes))
+        kind = "new"
+        if h.session is not None:
+            e = self.sessions.entry(h.session)
+            if e is not None and e.session.params == params and e.session.tokens[:len(h.prompt)] == list(h.prompt) \
+                    and len(e.session.tokens) - len(h.prompt) <= e.session.max_nodes + 1:
+                self.sessions.attach(e.sid, ws)  # takes over from a connection that may not know it is dead
+                self.stats["resumed"] += 1
+                self.metrics.sessions.labels("resumed").inc()
+                self._refresh_gauges()
+                log.info("session %s resumed at %d committed tokens", e.sid, len(e.session.tokens))
+                return Ready(e.sid, self.model.config.vocab_size, e.session.capacity, e.session.max_nodes,
+                             len(e.session.tokens)), e.sid
+            kind = "reprefilled"  # the cloud lost it (restart, expiry): prefill the committed tokens
+        if not self.sessions.make_room():
+            return self._error("busy", f"the server is at its limit of {self.limits.max_sessions} sessions; retry later"), sid
+        try:
             session = await self._run(
                 lambda: TargetSession(self.model, h.prompt, params, self.limits.max_context, max_nodes))
         except (ValueError, RapidError) as e:
-            self.stats["errors"] += 1
             code = "context" if "context" in str(e) else "bad_hello"
-            return ErrorFrame(code, str(e)), sid
-        sid = self.sessions.add(session)
-        log.info("session %s: prompt of %d tokens", sid, len(h.prompt))
+            return self._error(code, str(e)), sid
+        if not self.sessions.make_room():  # others were admitted while this one prefilled
+            return self._error("busy", f"the server is at its limit of {self.limits.max_sessions} sessions; retry later"), sid
+        sid = self.sessions.add(session, ws)
+        self.metrics.sessions.labels(kind).inc()
+        self._refresh_gauges()
+        log.info("session %s (%s): prompt of %d tokens", sid, kind, len(h.prompt))
         return Ready(sid, self.model.config.vocab_size, session.capacity, max_nodes, len(session.tokens)), sid
 
-    async def _verify(self, session: TargetSession, t: Tree):
+    async def _verify(self, entry: Entry, t: Tree):
         t0 = time.perf_counter()
-        try:
-            verdict = await self._run(session.verify, t.tokens, t.parents)
-        except RapidError as e:
-            self.stats["errors"] += 1
-            return ErrorFrame("bad_tree", str(e), t.round)
-        except Exception as e:  # a crash in one session's verification stays in that session
-            log.exception("verification failed")
-            self.stats["errors"] += 1
-            return ErrorFrame("internal", f"verification failed: {type(e).__name__}", t.round)
-        self.stats["rounds"] += 1
+        async with entry.lock:  # one tree of a session at a time; a re-sent tree waits here
+            stored = entry.verdicts.get(t.round)
+            if stored is not None:
+                tokens, parents, frame = stored
+                if tokens != list(t.tokens) or parents != list(t.parents):
+                    return self._error("stale_round", f"round {t.round} was already verified with another tree", t.round)
+                self.stats["replayed"] += 1
+                self.metrics.replayed.inc()
+                return frame
+            if entry.verdicts and t.round <= next(reversed(entry.verdicts)):
+                return self._error("stale_round", f"round {t.round} is older than the last verified round", t.round)
+            session = entry.session
+            try:
+                if self.batcher is not None:
+                    verdict = await self.batcher.submit(session, t.tokens, t.parents)
+                else:
+                    verdict = await self._run(self._verify_one, session, t.tokens, t.parents)
+            except RapidError as e:
+                return self._error("bad_tree", str(e), t.round)
+            except Exception as e:  # a crash in one session's verification stays in that session
+                log.exception("verification failed")
+                return self._error("internal", f"verification failed: {type(e).__name__}", t.round)
+            frame = VerdictFrame(t.round, list(verdict.path), verdict.bonus, len(session.tokens),
+                                 time.perf_counter() - t0)
+            entry.remember(t.round, t.tokens, t.parents, frame)  # before any send: survives a drop
+            self.stats["rounds"] += 1
+            self.metrics.verdict(len(t.tokens), len(verdict.path), time.perf_counter() - t0)
         if self.answer_delay is not None:
             await asyncio.sleep(self.answer_delay())
-        return VerdictFrame(t.round, list(verdict.path), verdict.bonus, len(session.tokens),
-                            time.perf_counter() - t0)
+        return frame
+
+    def _verify_one(self, session: TargetSession, tokens, parents):
+        t0 = time.perf_counter()
+        v = session.verify(tokens, parents)
+        self._on_batch(1, time.perf_counter() - t0)
+        return v
+
+    async def reap_forever(self, every_s: float | None = None) -> None:
+        every = every_s or max(0.05, min(1.0, self.limits.grace_s / 4 or 1.0, self.limits.idle_timeout_s / 4))
+        while True:
+            await asyncio.sleep(every)
+            for sid, why in self.sessions.reap():
+                log.info("session %s freed (%s)", sid, why)
+            self._refresh_gauges()
 
 
 async def serve_forever(server: VerifierServer, host: str, port: int,
-                        ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:
-    async with serve(server.handle, host, port, max_size=MAX_FRAME_BYTES, compression=None) as ws_server:
-        addr = ws_server.sockets[0].getsockname()
-        log.info("verifier listening on ws://%s:%d", addr[0], addr[1])
-        server.port = addr[1]
-        if ready is not None:
-            ready.set()
-        await (stop.wait() if stop is not None else asyncio.Future())
+                        ready: asyncio.Event | None = None, stop: asyncio.Event | None = None,
+                        ssl=None) -> None:
+    reaper = asyncio.create_task(server.reap_forever())
+    try:
+        async with serve(server.handle, host, port, max_size=MAX_FRAME_BYTES, compression=None,
+                         process_request=server.process_request, ssl=ssl) as ws_server:
+            addr = ws_server.sockets[0].getsockname()
+            log.info("verifier listening on %s://%s:%d", "wss" if ssl else "ws", addr[0], addr[1])
+            server.port = addr[1]
+            if ready is not None:
+                ready.set()
+            await (stop.wait() if stop is not None else asyncio.Future())
+    finally:
+        reaper.cancel()
+        if server.batcher is not None:
+            await server.batcher.close()

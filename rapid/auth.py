@@ -1,0 +1,84 @@
+"""Shared-secret auth on the websocket handshake, and TLS contexts.
+
+The edge sends ``Authorization: Bearer <token>`` on the HTTP upgrade request; the cloud compares
+it with ``hmac.compare_digest`` in ``process_request`` and answers HTTP 401 before the handshake
+completes, so an unauthenticated client never reaches a frame handler or the model.
+
+The token comes from ``--token-file`` (first line, stripped) or the ``RAPID_TOKEN`` environment
+variable. With neither, the server runs open (local development) and logs a warning.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import ssl
+from pathlib import Path
+
+from rapid.errors import RapidError
+
+ENV_VAR = "RAPID_TOKEN"
+log = logging.getLogger("rapid.auth")
+
+
+class AuthConfigError(RapidError):
+    """The token file or TLS material cannot be used."""
+
+
+def load_token(token_file: str | os.PathLike[str] | None = None, env: str = ENV_VAR) -> str | None:
+    """The shared secret from ``token_file`` or ``$RAPID_TOKEN``; None = no auth."""
+    if token_file:
+        try:
+            text = Path(token_file).read_text().strip()
+        except OSError as e:
+            raise AuthConfigError(f"cannot read token file {token_file}: {e}") from None
+        if not text:
+            raise AuthConfigError(f"token file {token_file} is empty")
+        return text.splitlines()[0].strip()
+    token = os.environ.get(env, "").strip()
+    return token or None
+
+
+def bearer(token: str | None) -> dict[str, str]:
+    """Headers for a client handshake."""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def check_authorization(header: str | None, token: str | None) -> bool:
+    """True when ``header`` carries ``token`` (always True when no token is configured)."""
+    if token is None:
+        return True
+    if not header:
+        return False
+    scheme, _, value = header.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(value.strip().encode("utf-8", "replace"), token.encode("utf-8"))
+
+
+def server_ssl_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    if not cert and not key:
+        return None
+    if not (cert and key):
+        raise AuthConfigError("TLS needs both --cert and --key")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as e:
+        raise AuthConfigError(f"cannot load TLS certificate/key: {e}") from None
+    return ctx
+
+
+def client_ssl_context(url: str, cafile: str | None = None) -> ssl.SSLContext | None:
+    """For ``wss://`` URLs: system trust store, plus ``cafile`` (e.g. a self-signed cert)."""
+    if not url.startswith("wss://"):
+        return None
+    ctx = ssl.create_default_context()
+    if cafile:
+        try:
+            ctx.load_verify_locations(cafile)
+        except (OSError, ssl.SSLError) as e:
+            raise AuthConfigError(f"cannot load CA file {cafile}: {e}") from None
+    return ctx

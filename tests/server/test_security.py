@@ -1,0 +1,159 @@
+"""Shared-secret auth on the websocket handshake (HTTP 401 before any model work) and wss://."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import ssl
+import urllib.error
+import urllib.request
+
+import pytest
+import websockets
+from cloud import BackgroundServer
+from websockets.asyncio.client import connect
+
+from rapid.auth import bearer, check_authorization, client_ssl_context, load_token
+from rapid.sampling import SamplingParams
+from rapid.server.app import VerifierServer, serve_forever
+from rapid.server.target import reference_decode
+from rapid.wire import Hello, Ready, Tree, VerdictFrame, decode, encode
+
+TOKEN = "s3cret-token-\u00e9"
+
+
+@pytest.fixture(scope="module")
+def cloud(tiny_pair):
+    target, _ = tiny_pair
+    server = BackgroundServer(VerifierServer(target, token=TOKEN))
+    yield server
+    server.close()
+
+
+def test_check_authorization():
+    assert check_authorization(None, None) and check_authorization("junk", None)
+    assert check_authorization(f"Bearer {TOKEN}", TOKEN) and check_authorization(f"bearer  {TOKEN} ", TOKEN)
+    for bad in (None, "", "Bearer", "Bearer wrong", f"Basic {TOKEN}", TOKEN, f"Bearer {TOKEN}x"):
+        assert not check_authorization(bad, TOKEN), bad
+
+
+def test_load_token(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAPID_TOKEN", raising=False)
+    assert load_token(None) is None
+    monkeypatch.setenv("RAPID_TOKEN", " from-env ")
+    assert load_token(None) == "from-env"
+    f = tmp_path / "tok"
+    f.write_text("from-file\n")
+    assert load_token(str(f)) == "from-file"
+    f.write_text("\n")
+    with pytest.raises(Exception, match="empty"):
+        load_token(str(f))
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer nope"}, {"Authorization": f"Basic {TOKEN}"}])
+def test_wrong_or_missing_token_gets_401_before_any_work(cloud, headers):
+    before = dict(cloud.server.stats)
+
+    async def run():
+        with pytest.raises(websockets.InvalidStatus) as e:
+            async with connect(cloud.url, additional_headers=headers):
+                pass
+        return e.value.response.status_code
+
+    assert asyncio.run(run()) == 401
+    assert cloud.server.stats["connections"] == before["connections"]  # the handler never ran
+    assert len(cloud.server.sessions) == 0
+
+
+def test_right_token_decodes(cloud, tiny_pair):
+    target, _ = tiny_pair
+
+    async def run():
+        async with connect(cloud.url, additional_headers=bearer(TOKEN)) as ws:
+            await ws.send(encode(Hello([5, 6, 7])))
+            assert isinstance(decode(await ws.recv()), Ready)
+            out = []
+            for r in range(4):
+                await ws.send(encode(Tree(r, [], [])))
+                v = decode(await ws.recv())
+                assert isinstance(v, VerdictFrame)
+                out.append(v.bonus)
+            return out
+
+    assert asyncio.run(run()) == reference_decode(target, [5, 6, 7], 4, SamplingParams())
+
+
+def test_health_is_open_metrics_need_the_token(cloud):
+    http = cloud.url.replace("ws://", "http://")
+    assert urllib.request.urlopen(f"{http}/health", timeout=5).read() == b"ok\n"
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(f"{http}/metrics", timeout=5)
+    assert e.value.code == 401
+    req = urllib.request.Request(f"{http}/metrics", headers=bearer(TOKEN))
+    text = urllib.request.urlopen(req, timeout=5).read().decode()
+    assert "rapid_auth_failures_total" in text and "rapid_spec_decode_num_accepted_tokens_total" in text
+
+
+def _self_signed(tmp_path):
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(cert_path), str(key_path)
+
+
+def test_tls_and_token_end_to_end(tmp_path, tiny_pair):
+    """wss:// with a self-signed certificate: the edge link decodes exactly; a client that does
+    not trust the certificate cannot connect."""
+    from rapid.auth import server_ssl_context
+    from rapid.engines.torch_engine import TorchEngine
+    from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
+    from rapid.runtime.drafter import Drafter
+    from rapid.runtime.link import CloudError, CloudLink
+    from rapid.runtime.policies import POLICIES
+    from rapid.runtime.tree import TreeParams
+    from rapid.tiny import EOS_ID
+
+    target, drafts = tiny_pair
+    cert, key = _self_signed(tmp_path)
+    server = VerifierServer(target, token=TOKEN)
+
+    async def run():
+        stop, ready = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(serve_forever(server, "127.0.0.1", 0, ready, stop, ssl=server_ssl_context(cert, key)))
+        await ready.wait()
+        url = f"wss://127.0.0.1:{server.port}"
+        try:
+            link = CloudLink(url, token=TOKEN, ssl=client_ssl_context(url, cert))
+            drafter = Drafter(TorchEngine(drafts["partial"], capacity=512), TreeParams(3, 6, 2, 2), (EOS_ID,))
+            gen = await Coordinator(drafter, link, POLICIES["rapid"], CoordinatorConfig(depth=3)).generate(
+                [1, 2, 3], 12, SamplingParams())
+            untrusted = CloudLink(url, token=TOKEN, ssl=ssl.create_default_context())
+            with pytest.raises(CloudError):
+                await untrusted.open(Hello([1]))
+            wrong = CloudLink(url, token="wrong", ssl=client_ssl_context(url, cert))
+            with pytest.raises(CloudError) as e:
+                await wrong.open(Hello([1]))
+            assert e.value.code == "unauthorized"
+            return gen.tokens
+        finally:
+            stop.set()
+            await task
+
+    assert asyncio.run(run()) == reference_decode(target, [1, 2, 3], 12, SamplingParams(), (EOS_ID,))
