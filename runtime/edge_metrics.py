@@ -1,0 +1,53 @@
+"""Prometheus metrics of the ``rapid edge`` daemon: :class:`EdgeMetrics`.
+
+Owns the daemon's collector registry (requests, active/waiting generations, tokens, rounds,
+draft/accepted tokens, tree depth, CAAC's ESR and eta, proactive hits/misses/interrupts, draft
+step and cloud latency, reconnects) and :meth:`EdgeMetrics.observe`, which folds one
+generation's round records into it. Served as ``GET /metrics`` by :mod:`.openai_api`.
+"""
+
+from __future__ import annotations
+
+
+class EdgeMetrics:
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("rapid_edge_requests", "HTTP generation requests", ["endpoint", "status"], registry=r)
+        self.active = Gauge("rapid_edge_active_requests", "Generations running", registry=r)
+        self.waiting = Gauge("rapid_edge_waiting_requests", "Requests waiting for a draft engine", registry=r)
+        self.tokens = Counter("rapid_edge_generated_tokens", "Tokens returned", registry=r)
+        self.rounds = Counter("rapid_spec_decode_num_rounds", "Speculation rounds", registry=r)
+        self.draft_tokens = Counter("rapid_spec_decode_num_draft_tokens", "Tree nodes sent", registry=r)
+        self.accepted = Counter("rapid_spec_decode_num_accepted_tokens", "Draft tokens accepted", registry=r)
+        self.depth = Histogram("rapid_edge_tree_depth", "Planned tree depth per round", buckets=(1, 2, 3, 4, 5, 6, 8, 10, 12, 16), registry=r)
+        self.esr = Gauge("rapid_edge_esr", "Expected speedup ratio of the last round (CAAC)", registry=r)
+        self.eta = Gauge("rapid_edge_eta", "Congestion ratio eta of the last round (CAAC)", registry=r)
+        self.interrupts = Counter("rapid_edge_interrupts", "Proactive branches stopped by feedback", registry=r)
+        self.hits = Counter("rapid_edge_proactive_hits", "Proactive branches kept", registry=r)
+        self.misses = Counter("rapid_edge_proactive_misses", "Proactive branches discarded", registry=r)
+        self.step = Histogram("rapid_edge_draft_step_seconds", "Draft step latency",
+                              buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5), registry=r)
+        self.cloud_rtt = Histogram("rapid_edge_cloud_seconds", "Tree sent → verdict received",
+                                   buckets=(0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5), registry=r)
+        self.reconnects = Counter("rapid_edge_reconnects", "Cloud link reconnects", registry=r)
+
+    def observe(self, records, link_stats: dict) -> None:
+        for rec in records:
+            self.rounds.inc()
+            self.draft_tokens.inc(rec.tree_nodes)
+            self.accepted.inc(rec.accepted)
+            self.depth.observe(rec.depth)
+            self.esr.set(rec.esr)
+            self.eta.set(rec.eta)
+            self.cloud_rtt.observe(rec.cloud_s)
+            if rec.interrupted_at is not None:
+                self.interrupts.inc()
+            if rec.proactive_hit is True:
+                self.hits.inc()
+            elif rec.proactive_hit is False:
+                self.misses.inc()
+            if rec.draft_steps:
+                self.step.observe(rec.draft_s / rec.draft_steps)
+        self.reconnects.inc(link_stats.get("reconnects", 0))

@@ -1,0 +1,165 @@
+"""The edge daemon's engine pool and per-request generation: :class:`EdgeService`.
+
+A draft engine holds one sequence's KV, so it serves one request at a time: the service hands
+its engines out first come, first served from an ``asyncio.Queue`` (later requests wait in FIFO
+order), opens one cloud session (``CloudLink``) per request, detokenizes, applies stop strings
+and streams text pieces through :class:`Result`. A request whose client went away is abandoned
+at the next round boundary (:class:`_Abort`). The HTTP layer is :mod:`.openai_api`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from rapid.errors import RapidError
+from rapid.runtime.edge_metrics import EdgeMetrics
+
+log = logging.getLogger("rapid.edge.daemon")
+
+
+class _Abort(Exception):
+    """Raised inside the coordinator's token callback to end a generation at a round boundary."""
+
+
+@dataclass(slots=True)
+class Request:
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+    stop: list[str]
+
+
+@dataclass(slots=True)
+class Result:
+    text: str = ""
+    finish_reason: str = "length"
+    completion_tokens: int = 0
+    error: str | None = None
+    pieces: asyncio.Queue = field(default_factory=asyncio.Queue)  # str pieces, then None
+
+
+class EdgeService:
+    """The engine pool, one cloud session per request, stop strings, streaming pieces."""
+
+    def __init__(self, edges: list, cloud: str, *, policy: str = "rapid", tree=None, token: str | None = None,
+                 ssl=None, model_name: str = "rapid", link_options: dict | None = None) -> None:
+        from rapid.runtime.policies import get_policy
+        from rapid.runtime.tree import TreeParams
+
+        self.edges = edges
+        self.tokenizer = edges[0].tokenizer
+        self.cloud, self.token, self.ssl = cloud, token, ssl
+        self.policy = get_policy(policy)
+        self.tree = tree or TreeParams()
+        self.model_name = model_name
+        self.link_options = link_options or {}
+        self.metrics = EdgeMetrics()
+        self._pool: asyncio.Queue | None = None
+
+    def pool(self) -> asyncio.Queue:
+        if self._pool is None:
+            self._pool = asyncio.Queue()
+            for e in self.edges:
+                self._pool.put_nowait(e)
+        return self._pool
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        msgs = []
+        for m in messages:
+            content = m.get("content") or ""
+            if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            msgs.append({"role": m.get("role", "user"), "content": content})
+        ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+
+    def encode_text(self, prompt: str) -> list[int]:
+        return list(self.tokenizer(prompt)["input_ids"])
+
+    def start(self, req: Request) -> tuple[Result, asyncio.Event, asyncio.Task]:
+        res, abort = Result(), asyncio.Event()
+        task = asyncio.get_running_loop().create_task(self._generate(req, res, abort))
+        return res, abort, task
+
+    async def _generate(self, req: Request, res: Result, abort: asyncio.Event) -> None:
+        from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
+        from rapid.runtime.detok import Detokenizer
+        from rapid.runtime.drafter import Drafter
+        from rapid.runtime.link import CloudLink
+        from rapid.sampling import SamplingParams
+
+        pool = self.pool()
+        self.metrics.waiting.inc()
+        try:
+            edge = await pool.get()
+        finally:
+            self.metrics.waiting.dec()
+        self.metrics.active.inc()
+        link = CloudLink(self.cloud, token=self.token, ssl=self.ssl, **self.link_options)
+        detok = Detokenizer(self.tokenizer)
+        full, sent = "", 0
+        hold = max((len(s) for s in req.stop), default=1) - 1
+
+        def emit(upto: int) -> None:
+            nonlocal sent
+            if upto > sent:
+                res.pieces.put_nowait(full[sent:upto])
+                sent = upto
+
+        def check(final: bool) -> bool:
+            """Emit what is safe; True when a stop string was found."""
+            nonlocal full
+            hits = [i for i in (full.find(s, max(0, sent - len(s))) for s in req.stop if s) if i >= 0]
+            if hits:
+                full = full[:min(hits)]
+                emit(len(full))
+                return True
+            emit(len(full) if final else max(sent, len(full) - hold))
+            return False
+
+        def on_tokens(ids: list[int]) -> None:
+            nonlocal full
+            res.completion_tokens += len(ids)
+            full += detok.push(ids)
+            if check(False):
+                res.finish_reason = "stop"
+                raise _Abort
+            if abort.is_set():
+                res.finish_reason = "abandoned"
+                raise _Abort
+
+        try:
+            drafter = Drafter(edge.engine, self.tree, edge.stop_ids)
+            coord = Coordinator(drafter, link, self.policy, CoordinatorConfig(depth=self.tree.depth))
+            sampling = SamplingParams(req.temperature, req.top_p, 0, req.seed)
+            try:
+                gen = await coord.generate(req.prompt_ids, req.max_tokens, sampling, on_tokens)
+            except _Abort:
+                pass
+            else:
+                full += detok.flush()
+                res.finish_reason = "stop" if gen.stopped else "length"
+                if check(True):
+                    res.finish_reason = "stop"
+                self.metrics.observe(gen.records, link.stats)
+        except RapidError as e:
+            res.error = str(e)
+            log.warning("generation failed: %s", e)
+        except Exception as e:  # noqa: BLE001 — reported to the client, the daemon stays up
+            log.exception("generation failed")
+            res.error = f"{type(e).__name__}: {e}"
+        finally:
+            try:
+                await link.close()  # Bye: the cloud frees the session's KV now
+            finally:
+                pool.put_nowait(edge)
+                self.metrics.active.dec()
+                res.text = full[:sent] if res.finish_reason in ("stop", "abandoned") else full
+                self.metrics.tokens.inc(res.completion_tokens)
+                res.pieces.put_nowait(None)
