@@ -21,9 +21,11 @@ How the past is fed (``kv_binding``), both measured by ``scripts/bench_engines.p
   all become O(capacity) per layer, whatever P is.
 
 The graph concatenates past and new internally anyway (an O(P) copy inside ORT), so "window"
-saves one O(P) memcpy but pays O(capacity) in that concat and in attention: on the measured
-draft it was slower at every P < capacity (see the benchmark table in the report / bench
-script), hence "staged" is the default.
+saves one O(P) memcpy but pays O(capacity) in that concat and in attention. Measured with
+``scripts/bench_engines.py`` (Qwen2.5-Coder-0.5B fp32, 1 thread, capacity 2048): window was
+1.5–1.8× slower than staged at P = 128 and 1.2–1.5× slower at P = 1024 for T = 1…16 (the staging
+memcpy is ~0.2 MB per layer at P = 1024, negligible next to the weights), hence "staged" is
+the default.
 
 ``truncate`` is a pointer move; ``compact`` gathers the kept entries along the sequence axis
 (the native kernel of ``rapid.engines.native`` when it loads, numpy otherwise) — O(moved).
@@ -53,6 +55,12 @@ log = logging.getLogger("rapid.engines.onnx")
 
 PREFERRED_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
 MASK_BLOCKED = -1e9  # the exporter's additive "blocked" value (rapid.modeling.MASK_MIN)
+
+
+def blocked_value(dtype: np.dtype) -> float:
+    """The additive "blocked" value in ``dtype``, as ``rapid.modeling.additive_mask`` makes it:
+    -1e9, or half the most negative finite value where -1e9 does not fit (fp16: -32752)."""
+    return max(MASK_BLOCKED, float(np.finfo(dtype).min) / 2)
 KV_BINDINGS = ("staged", "window")
 
 
@@ -125,6 +133,7 @@ class OrtEngine:
         self.vocab = arch["vocab"]
         self.dtype = np.dtype(numpy_dtype(m))
         self.kv_binding = kv_binding
+        self._blocked = blocked_value(self.dtype)
         self._in_names = input_names(self.layers)
         self._out_names = output_names(self.layers)
 
@@ -185,12 +194,12 @@ class OrtEngine:
         if self.kv_binding == "window":
             # past = every slot; slots [P, cap) hold stale data and are blocked
             past_len = cap
-            mask = np.full((1, 1, t, cap + t), MASK_BLOCKED, self.dtype)
-            mask[0, 0, :, :p] = np.where(allowed[:, :p], 0.0, MASK_BLOCKED)
-            mask[0, 0, :, cap:] = np.where(allowed[:, p:], 0.0, MASK_BLOCKED)
+            mask = np.full((1, 1, t, cap + t), self._blocked, self.dtype)
+            mask[0, 0, :, :p] = np.where(allowed[:, :p], 0.0, self._blocked)
+            mask[0, 0, :, cap:] = np.where(allowed[:, p:], 0.0, self._blocked)
         else:
             past_len = p
-            mask = np.where(allowed, 0.0, MASK_BLOCKED).astype(self.dtype)[None, None]
+            mask = np.where(allowed, 0.0, self._blocked).astype(self.dtype)[None, None]
         need = 2 * self.layers * kvh * t * hd
         if self._present.size < need:
             self._present = np.empty(max(need, 2 * self._present.size), self.dtype)
@@ -238,13 +247,13 @@ class OrtEngine:
         self._len = length
 
     def compact(self, src_slots: Sequence[int], dst_start: int) -> None:
-        src = np.asarray(list(src_slots), dtype=np.int64)
-        n = int(src.size)
-        if n and (src.min() < 0 or src.max() >= self._len):
-            raise ValueError(f"compact: source slots {src.tolist()} outside [0, {self._len})")
+        src = [int(x) for x in src_slots]  # plain ints: cheaper than numpy for a handful of slots
+        n = len(src)
+        if n and (min(src) < 0 or max(src) >= self._len):
+            raise ValueError(f"compact: source slots {src} outside [0, {self._len})")
         if not 0 <= dst_start <= self._len:
             raise ValueError(f"compact: dst_start {dst_start} outside [0, {self._len}]")
-        if n and not np.array_equal(src, np.arange(dst_start, dst_start + n)):
+        if n and src != list(range(dst_start, dst_start + n)):
             move_kv(self._kv, src, dst_start)
         self._len = dst_start + n
 
@@ -252,20 +261,26 @@ class OrtEngine:
         self._len = 0
 
 
-def move_kv(buf: np.ndarray, src: np.ndarray, dst_start: int) -> None:
+def move_kv(buf: np.ndarray, src: Sequence[int], dst_start: int) -> None:
     """``buf[..., dst_start + i, :] = old buf[..., src[i], :]`` along axis -2 (snapshot semantics).
 
-    A compaction (``src`` strictly increasing, ``src[i] >= dst_start + i``) is also correct done
-    move by move, so it goes to the native sequential gather kernel when that library loads;
-    anything else (or no library) is a numpy fancy-index copy, which snapshots first.
+    A compaction (``src`` strictly increasing and ``src[0] >= dst_start``, hence ``src[i] >=
+    dst_start + i``) is also correct done move by move, so it goes to the native sequential
+    gather kernel when that library loads; anything else (or no library) is a numpy fancy-index
+    copy, which snapshots first.
     """
-    dst = np.arange(dst_start, dst_start + src.size, dtype=np.int64)
-    if src.size > 1 and bool(np.all(np.diff(src) > 0)) and bool(np.all(src >= dst)) and _native_ok():
+    src = [int(x) for x in src]
+    n = len(src)
+    if n == 0:
+        return
+    ordered = src[0] >= dst_start and all(a < b for a, b in zip(src, src[1:], strict=False))
+    if n > 1 and ordered and _native_ok():
         from rapid.engines import native
 
-        native.gather_rows(buf, src, dst, axis=-2, backend="native")
+        native.gather_rows(buf, np.asarray(src, dtype=np.int64),
+                           np.arange(dst_start, dst_start + n, dtype=np.int64), axis=-2, backend="native")
         return
-    buf[..., dst_start:dst_start + src.size, :] = buf[..., src, :]  # fancy index copies first
+    buf[..., dst_start:dst_start + n, :] = buf[..., src, :]  # fancy index copies first
 
 
 _NATIVE: bool | None = None

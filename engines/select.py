@@ -81,6 +81,19 @@ def _torch_model_spec(source: str | os.PathLike[str]) -> str:
     return str(source)
 
 
+def _cuda_ordinal(device: str | int | None) -> int:
+    """0 for None / "cuda", N for N / "N" / "cuda:N"."""
+    if device is None:
+        return 0
+    text = str(device).strip().lower()
+    if text in ("", "cuda", "gpu"):
+        return 0
+    try:
+        return int(text.split(":", 1)[1] if text.startswith("cuda:") else text)
+    except ValueError:
+        raise EngineSelectError(f"device {device!r} is not a CUDA device (use N or 'cuda:N')") from None
+
+
 def open_engine(kind: str = "auto", source: str | os.PathLike[str] = "default-draft",
                 capacity: int | None = None, *, device: str | None = None, threads: int | None = None,
                 providers: Any = None, **options: Any):
@@ -100,7 +113,7 @@ def open_engine(kind: str = "auto", source: str | os.PathLike[str] = "default-dr
     if chosen == "trt":
         from rapid.engines.trt_engine import TrtEngine
 
-        return TrtEngine(source, capacity=capacity, device=int(device or 0), **options)
+        return TrtEngine(source, capacity=capacity, device=_cuda_ordinal(device), **options)
     import torch
 
     from rapid.engines.torch_engine import TorchEngine

@@ -275,7 +275,7 @@ class TrtEngine:
         slot.ids[:t] = toks
         slot.pos[:t] = pos
         mask = slot.mask[:t * (p + t)].reshape(t, p + t)
-        mask[...] = np.where(allowed, 0.0, MASK_BLOCKED).astype(self.dtype)
+        mask[...] = np.where(allowed, 0.0, max(MASK_BLOCKED, float(np.finfo(self.dtype).min) / 2))
         cu.htod_async(self._ids.ptr, slot.ids[:t], s)
         cu.htod_async(self._pos.ptr, slot.pos[:t], s)
         cu.htod_async(self._mask.ptr, slot.mask[:t * (p + t)], s)

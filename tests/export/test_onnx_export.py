@@ -169,6 +169,20 @@ def test_cli_main_reports_errors(tmp_path, capsys):
     assert "error:" in capsys.readouterr().err
 
 
+def test_trt_build_without_tensorrt_is_a_clear_error(exported):
+    from rapid.engines.trt_engine import missing_modules
+    from rapid.export.trt_build import build_trt, profile_shapes
+
+    shapes = profile_shapes(2048, 64)
+    assert shapes["tree"]["T"] == (1, 8, 64) and shapes["prefill"]["T"][2] == 2048
+    assert shapes["tree"]["P"][2] == 2047
+    if "tensorrt" not in missing_modules():
+        pytest.skip("tensorrt is installed here")
+    with pytest.raises(RapidError, match="tensorrt") as err:
+        build_trt(exported["qwen2"][1] / "draft.onnx")
+    assert "Jetson" in str(err.value)
+
+
 def test_manifest_loader_rejects_non_exports(tmp_path):
     from rapid.export.manifest import ManifestError
 
@@ -179,3 +193,36 @@ def test_manifest_loader_rejects_non_exports(tmp_path):
     (tmp_path / "manifest.json").write_text('{"format": "something-else"}')
     with pytest.raises(ManifestError, match="not a"):
         load_manifest(tmp_path)
+
+
+def test_fp16_export_runs_on_ort_cpu(tmp_path):
+    """fp16 graph (1-layer tiny model to stay fast): parity against fp32 PyTorch with the fp16 bound."""
+    from rapid.engines.base import causal_allowed
+    from rapid.engines.ort_engine import OrtEngine
+    from rapid.export.onnx_export import export_onnx
+    from rapid.modeling import load_decoder
+    from rapid.tiny import build_tiny
+
+    model = build_tiny(tmp_path / "m", "qwen2", seed=2, layers=1)
+    m = export_onnx(str(model), tmp_path / "x", dtype="fp16", max_context=64, max_tree=16, progress=False)
+    assert m["dtype"] == "fp16" and m["io"]["inputs"][2]["dtype"] == "float16"
+    p = m["parity"]
+    assert p["ok"] and p["threshold_kind"].startswith("relative")
+    for case in p["cases"].values():
+        assert case["max_abs_diff"] <= case["bound"] and case["top1_agree"] == 1.0
+    e = OrtEngine(tmp_path / "x", capacity=32)
+    assert e.dtype == np.float16 and e.info.capacity == 32
+    got = e.step([1, 2, 3], [0, 1, 2], causal_allowed(0, 3)).logits()
+    assert got.dtype == np.float32 and np.isfinite(got).all()
+    import torch
+
+    from rapid.kvcache import StaticKV
+    from rapid.modeling import additive_mask
+
+    dec, _ = load_decoder(str(model))
+    kv = StaticKV.for_config(dec.config, 8, torch.float32)
+    kv.begin(3)
+    with torch.inference_mode():
+        ref = dec(torch.tensor([[1, 2, 3]]), torch.tensor([[0, 1, 2]]),
+                  additive_mask(torch.as_tensor(causal_allowed(0, 3)), torch.float32), kv)[0].numpy()
+    assert np.abs(got - ref).max() <= 2e-2 * max(1.0, np.abs(ref).max())
