@@ -415,7 +415,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         from rapid.export.trt_build import build_trt
 
         try:
-            entry = build_trt(out / ONNX_FILE, out, fp16=True, max_context=args.max_context,
+            entry = build_trt(out / ONNX_FILE, out, fp16=args.dtype == "fp16", max_context=args.max_context,
                               max_tree=args.max_tree)
         except RapidError as e:
             print(f"error: TensorRT build: {e}", file=sys.stderr)

@@ -114,3 +114,28 @@ def test_slow_cloud_interrupts_branches_and_stays_exact(tiny_pair):
             assert all(r.discarded_steps == 0 for r in hits)
     finally:
         server.close()
+
+
+@pytest.fixture(scope="module")
+def onnx_draft(tiny_dir, tmp_path_factory):
+    """The partial draft exported to ONNX (fp32 draft; the float64 target still decides every token)."""
+    from rapid.export.onnx_export import export_onnx
+
+    out = tmp_path_factory.mktemp("onnx-draft")
+    export_onnx(tiny_dir("partial32", seed=1, base_seed=0, perturb=0.08), out, max_context=512, max_tree=64,
+                progress=False)
+    return out
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_onnx_runtime_draft_is_exact(cloud, tiny_pair, onnx_draft, policy):
+    """Edge–cloud exactness with the ONNX Runtime backend drafting, every policy, greedy and sampled."""
+    from rapid.engines.ort_engine import OrtEngine
+
+    target, _ = tiny_pair
+    prompt = list(b"onnx on the edge")
+    for sampling in (SamplingParams(), SamplingParams(temperature=0.9, seed=3)):
+        drafter = Drafter(OrtEngine(onnx_draft, capacity=512, threads=1), TreeParams(4, 10, 2, 2), (EOS_ID,))
+        coord = Coordinator(drafter, CloudLink(cloud.url), POLICIES[policy], CoordinatorConfig(depth=4))
+        gen = asyncio.run(coord.generate(prompt, 24, sampling))
+        assert gen.tokens == reference_decode(target, prompt, 24, sampling, (EOS_ID,))
