@@ -12,6 +12,7 @@ branch (IPDG) uses the same steps under a chosen root (``runtime.ipdg``).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -122,12 +123,7 @@ class Drafter:
             return
         # In a branch, prune only the branch's own nodes; D_i (sent to the cloud) stays intact.
         branch = [i for i in range(len(self.tree)) if under in self.tree.path(i)[:-1]]
-        if len(branch) <= self.params.budget:
-            return
-        order = sorted(branch, key=lambda i: (-self.tree.score[i], self.tree.depth[i], i))
-        drop = set(order[self.params.budget:])
-        kept = [i for i in range(len(self.tree)) if i not in drop and not drop.intersection(self.tree.path(i))]
-        self.tree.select(kept)
+        kept = self.tree.prune(self.params.budget, among=branch)
         self.branch_node = kept.index(self.branch_node) if self.branch_node is not None else None
 
     def draft(self, depth: int, on_step: Callable[[StepRecord], None] | None = None,
@@ -150,8 +146,6 @@ class Drafter:
         return recs
 
     def _confidence(self) -> float:
-        import math
-
         lv = [i for i in range(len(self.tree)) if self.tree.depth[i] == self.levels and self.tree.slot[i] < 0]
         if not lv:
             return 0.0
@@ -189,15 +183,10 @@ class Drafter:
         if root is None:
             return
         self.branch = root
-        lp = root.score - (0.0 if root.node == ROOT else self.tree.score[root.node])
         t = self.tree
-        t.tokens.append(root.token)
-        t.parents.append(root.node)
-        t.depth.append(1 if root.node == ROOT else t.depth[root.node] + 1)
-        t.score.append((0.0 if root.node == ROOT else t.score[root.node]) + lp)
-        t.slot.append(-1)
-        t.top.append(None)
-        b = len(t) - 1
+        base_depth, base_score = (0, 0.0) if root.node == ROOT else (t.depth[root.node], t.score[root.node])
+        lp = root.score - base_score - (0.0 if root.node == ROOT or not t.children(root.node) else math.log(decay))
+        b = t.add_node(root.token, root.node, base_depth + 1, base_score + lp)
         self.branch_node = b
         rec = self._feed_nodes([b], "branch")
         t.add_children(b, self.params.topk, self.stop_ids)

@@ -93,12 +93,17 @@ class TokenTree:
         base_score = 0.0 if i == ROOT else self.score[i]
         base_depth = 0 if i == ROOT else self.depth[i]
         for tok, lp in best[:topk]:
-            self.tokens.append(tok)
-            self.parents.append(i)
-            self.depth.append(base_depth + 1)
-            self.score.append(base_score + lp)
-            self.slot.append(-1)
-            self.top.append(None)
+            self.add_node(tok, i, base_depth + 1, base_score + lp)
+
+    def add_node(self, token: int, parent: int, depth: int, score: float) -> int:
+        """Append one unfed node; return its index."""
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.depth.append(depth)
+        self.score.append(score)
+        self.slot.append(-1)
+        self.top.append(None)
+        return len(self.tokens) - 1
 
     def frontier(self, level: int, width: int) -> list[int]:
         """The best ``width`` unfed nodes at depth ``level``, in index order."""
@@ -106,14 +111,19 @@ class TokenTree:
         cand.sort(key=lambda i: (-self.score[i], i))
         return sorted(cand[:width])
 
-    def prune(self, budget: int) -> list[int]:
-        """Keep the ``budget`` best nodes (ancestor-closed); return the kept old indices."""
-        if len(self) <= budget:
+    def prune(self, budget: int, among: list[int] | None = None) -> list[int]:
+        """Keep the ``budget`` best nodes (ancestor-closed); return the kept old indices.
+
+        With ``among``, only those nodes compete for the budget and every other node is kept
+        (a proactive branch is pruned without touching the tree already sent to the cloud).
+        """
+        cand = list(range(len(self))) if among is None else among
+        if len(cand) <= budget:
             return list(range(len(self)))
-        order = sorted(range(len(self)), key=lambda i: (-self.score[i], self.depth[i], i))
-        keep = set(order[:budget])
+        order = sorted(cand, key=lambda i: (-self.score[i], self.depth[i], i))
+        drop = set(order[budget:])
         # Ties could in principle drop a parent while keeping a child: close under ancestors.
-        kept = sorted(i for i in keep if all(a in keep for a in self.path(i)))
+        kept = [i for i in range(len(self)) if i not in drop and not drop.intersection(self.path(i))]
         self.select(kept)
         return kept
 

@@ -30,6 +30,7 @@ import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
 import numpy as np  # noqa: E402
+
 from rapid.engines import native  # noqa: E402
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from rapid.engines import native
 
 DTYPES = (np.float16, np.float32, np.float64)

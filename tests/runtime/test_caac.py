@@ -8,6 +8,7 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from rapid.runtime.caac import CAAC, CAACConfig, CAACDecision, FixedDepth
 
 TOK = 8  # tokens fed per expansion step
