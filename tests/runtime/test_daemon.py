@@ -209,3 +209,34 @@ def test_rapid_edge_process_serves_and_stops_on_sigterm(stack, tiny_dir, tmp_pat
             proc.wait()
 
 
+
+
+def test_openai_stream_while_three_other_edges_share_the_cloud(stack, tiny_pair):
+    """The issue's picture: an OpenAI client streams from `rapid edge` while three other edges
+    (their own drafters and cloud sessions) verify on the same `rapid serve`; all exact."""
+    import asyncio
+
+    from rapid.engines.torch_engine import TorchEngine
+    from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
+    from rapid.runtime.drafter import Drafter
+    from rapid.runtime.link import CloudLink
+    from rapid.runtime.policies import POLICIES
+
+    target, tok, cloud, _, client = stack
+    _, drafts = tiny_pair
+    others = {name: list(f"edge {name} says".encode()) for name in ("fixed", "ipdg", "rapid")}
+
+    def other_edge(name):
+        drafter = Drafter(TorchEngine(drafts["partial"], capacity=512), TreeParams(3, 8, 2, 2), (256,))
+        coord = Coordinator(drafter, CloudLink(cloud.url, token=TOKEN), POLICIES[name], CoordinatorConfig(depth=3))
+        return asyncio.run(coord.generate(others[name], 40, SamplingParams())).tokens
+
+    with ThreadPoolExecutor(3) as ex:
+        futures = {name: ex.submit(other_edge, name) for name in others}
+        prompt = "streaming while others verify:"
+        stream = client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0, stream=True)
+        text = "".join(chunk.choices[0].text for chunk in stream)
+        results = {name: f.result(timeout=120) for name, f in futures.items()}
+    assert text == expected_text(target, tok, list(tok(prompt)["input_ids"]), 24)[0]
+    for name, tokens in results.items():
+        assert tokens == reference_decode(target, others[name], 40, SamplingParams(), (256,)), name
