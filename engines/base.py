@@ -23,6 +23,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from rapid.masks import causal_allowed  # noqa: F401  (re-exported: part of the engine API)
+
 
 @dataclass(slots=True, frozen=True)
 class EngineInfo:
@@ -85,10 +87,3 @@ def check_step_args(kv_len: int, capacity: int, tokens: Sequence[int], positions
 
         raise ContextFullError(f"draft KV cache full: {kv_len} + {t} > capacity {capacity}")
     return t
-
-
-def causal_allowed(kv_len: int, t: int) -> np.ndarray:
-    """[t, kv_len + t]: each new token sees the whole cache and the new tokens before it."""
-    allowed = np.ones((t, kv_len + t), dtype=bool)
-    allowed[:, kv_len:] = np.tril(np.ones((t, t), dtype=bool))
-    return allowed

@@ -22,6 +22,7 @@ import torch
 
 from rapid.errors import RapidError
 from rapid.kvcache import StaticKV
+from rapid.masks import causal_allowed
 from rapid.modeling import Decoder, additive_mask
 from rapid.sampling import SamplingParams, pick_tokens
 from rapid.server.verifier import Verdict, accept, validate_tree
@@ -72,7 +73,7 @@ class TargetSession:
         self.forwards = 0
         if len(prompt) > 1:
             self._forward(self.tokens[:-1], list(range(len(prompt) - 1)),
-                          _causal(0, len(prompt) - 1), rows=[])
+                          causal_allowed(0, len(prompt) - 1), rows=[])
 
     @property
     def capacity(self) -> int:
@@ -110,12 +111,6 @@ class TargetSession:
         self.tokens.extend(tokens[j] for j in verdict.path)
         self.tokens.append(verdict.bonus)
         return verdict
-
-
-def _causal(kv_len: int, t: int) -> np.ndarray:
-    allowed = np.ones((t, kv_len + t), dtype=bool)
-    allowed[:, kv_len:] = np.tril(np.ones((t, t), dtype=bool))
-    return allowed
 
 
 def finish(tokens: list[int], max_new: int, stop_ids: Sequence[int]) -> tuple[list[int], bool]:

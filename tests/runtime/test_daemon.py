@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 
+from rapid.demo import free_port  # noqa: E402
 from rapid.runtime.daemon import EdgeService, create_app  # noqa: E402
 from rapid.runtime.generate import open_edge_model  # noqa: E402
 from rapid.runtime.tree import TreeParams  # noqa: E402
@@ -31,12 +31,6 @@ from rapid.server.app import VerifierServer  # noqa: E402
 from rapid.server.target import reference_decode  # noqa: E402
 
 TOKEN = "edge-test-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Daemon:
