@@ -112,7 +112,7 @@ def sim_parser() -> argparse.ArgumentParser:
 
 
 def main_sim(argv: list[str]) -> int:
-    from rapid.bench.sim import run_sim_cli
+    from rapid.bench.sim_report import run_sim_cli
 
     a = sim_parser().parse_args(argv)
     return run_sim_cli(a)
