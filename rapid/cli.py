@@ -150,7 +150,7 @@ def _dispatch(args) -> int:
 
         return run_demo(args)
     if args.cmd == "export":
-        from rapid.export.onnx_export import run_from_args
+        from rapid.export.export_cli import run_from_args
 
         return run_from_args(args)
     if args.cmd == "doctor":

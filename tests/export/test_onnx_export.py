@@ -163,7 +163,7 @@ def test_out_dir_not_writable(tiny_models, tmp_path):
 
 
 def test_cli_main_reports_errors(tmp_path, capsys):
-    from rapid.export.onnx_export import main
+    from rapid.export.export_cli import main
 
     assert main([str(tmp_path / "missing"), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
     assert "error:" in capsys.readouterr().err

@@ -1,0 +1,71 @@
+"""Command line of the ONNX export: ``rapid export`` and ``python -m rapid.export.export_cli``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rapid.errors import RapidError
+from rapid.export.manifest import ONNX_FILE
+from rapid.export.onnx_export import export_onnx
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("model", nargs="?", default="default-draft",
+                        help="HF id, local folder, .gguf file or default-draft (default)")
+    parser.add_argument("--out", "-o", required=True, help="export folder (draft.onnx, manifest.json, tokenizer)")
+    parser.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32")
+    parser.add_argument("--max-context", type=int, default=2048, help="most KV entries a step may see (P+T)")
+    parser.add_argument("--max-tree", type=int, default=64, help="most tokens of one tree step")
+    parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default: the exporter's)")
+    parser.add_argument("--trt", action="store_true", help="also build draft.engine with TensorRT (FP16 kernels)")
+    parser.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run an export from parsed arguments (``rapid export`` or :func:`main`); returns the exit code.
+
+    Reads ``model`` (or ``--model``), ``out``, ``dtype``, ``max_context``, ``max_tree`` and,
+    when present, ``opset``, ``trt`` and ``no_progress``.
+    """
+    out = Path(args.out)
+    try:
+        m = export_onnx(args.model, out, dtype=args.dtype, max_context=args.max_context,
+                        max_tree=args.max_tree, progress=not getattr(args, "no_progress", False),
+                        opset=getattr(args, "opset", None))
+    except RapidError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    par = m["parity"]
+    print(f"wrote {out / ONNX_FILE} ({m['dtype']}, opset {m['exporter']['opset']}) in "
+          f"{m['timings_s']['total']:.1f} s")
+    for name, case in par["cases"].items():
+        print(f"  parity {name:7s} T={case['T']:<2d} P={case['P']:<2d} max|Δlogit|={case['max_abs_diff']:.3g} "
+              f"(bound {case['bound']:.3g}) top1={case['top1_agree']:.2f}")
+    if getattr(args, "trt", False):
+        from rapid.export.trt_build import build_trt
+
+        try:
+            entry = build_trt(out / ONNX_FILE, out, fp16=args.dtype == "fp16", max_context=args.max_context,
+                              max_tree=args.max_tree)
+        except RapidError as e:
+            print(f"error: TensorRT build: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote {out / entry['engine']} (TensorRT {entry['tensorrt']}, profiles "
+              f"{', '.join(p['name'] for p in entry['profiles'])})")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = add_arguments(argparse.ArgumentParser(prog="rapid-export-onnx", description=__doc__.split("\n")[0]))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return run_from_args(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
