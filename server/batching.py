@@ -22,13 +22,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from rapid.modeling import additive_mask
-from rapid.sampling import pick_tokens
-from rapid.server.target import BadTreeError, TargetSession, tree_depths, verify_attention
-from rapid.server.verifier import Verdict, accept, validate_tree
+from rapid.server.target import BadTreeError, TargetSession
+from rapid.server.verifier import Verdict
 
 
 class _BatchKV:
@@ -66,9 +64,7 @@ def verify_batch(items: Sequence[tuple[TargetSession, Sequence[int], Sequence[in
     rows = []
     for i, (s, tokens, parents) in enumerate(items):
         try:
-            why = validate_tree(tokens, parents, s.model.config.vocab_size, s.max_nodes)
-            if why is None and s.kv.length + 1 + len(tokens) + 1 > s.kv.capacity:
-                why = f"context full: {len(s.tokens)} committed + {len(tokens)} tree nodes exceed {s.kv.capacity}"
+            why = s.check_tree(tokens, parents)
         except Exception as e:  # noqa: BLE001 — a broken session fails alone
             out[i] = e
             continue
@@ -104,11 +100,11 @@ def _forward_rows(items) -> list[Verdict | Exception]:
     b_ = len(items)
     ids_l, pos_l, allowed_l, kv_lens = [], [], [], []
     for s, tokens, parents in items:
-        n_ctx, kv_len = len(s.tokens), s.kv.length
-        ids_l.append([s.tokens[-1], *tokens])
-        pos_l.append([n_ctx - 1] + [n_ctx - 1 + d for d in tree_depths(parents)])
-        allowed_l.append(verify_attention(parents, kv_len))
-        kv_lens.append(kv_len)
+        ids, pos, allowed = s.tree_inputs(tokens, parents)
+        ids_l.append(ids)
+        pos_l.append(pos)
+        allowed_l.append(allowed)
+        kv_lens.append(s.kv.length)
     t_max = max(len(x) for x in ids_l)
     kv = _BatchKV([s.kv for s, _, _ in items], [len(x) for x in ids_l])
     ids = torch.zeros((b_, t_max), dtype=torch.long)
@@ -130,18 +126,14 @@ def _forward_rows(items) -> list[Verdict | Exception]:
         t = len(ids_l[b])
         kv_len = kv_lens[b]
         try:
-            row_logits = logits[b, :t].float().numpy()
-            picks = pick_tokens(row_logits, np.asarray(pos_l[b]) + 1, s.params)
-            verdict = accept(tokens, parents, picks.tolist())
+            verdict = s.decide(logits[b, :t].float().numpy(), pos_l[b], tokens, parents)
         except Exception as e:  # noqa: BLE001 — this row only; its KV stays at kv_len
             s.kv._pending = 0
             verdicts.append(e)
             continue
         s.kv.commit(t)
         s.forwards += 1
-        s.kv.compact([kv_len] + [kv_len + 1 + j for j in verdict.path], kv_len)
-        s.tokens.extend(tokens[j] for j in verdict.path)
-        s.tokens.append(verdict.bonus)
+        s.advance(verdict, tokens, kv_len)
         verdicts.append(verdict)
     return verdicts
 

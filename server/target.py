@@ -93,23 +93,46 @@ class TargetSession:
         self.forwards += 1
         return logits.float().cpu().numpy()
 
-    def verify(self, tokens: Sequence[int], parents: Sequence[int]) -> Verdict:
-        """Verify one tree; on success the session has advanced by ``verdict.emitted`` tokens."""
+    def check_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> str | None:
+        """Why this tree cannot be verified now (malformed, over a limit, context full), or None."""
         why = validate_tree(tokens, parents, self.model.config.vocab_size, self.max_nodes)
-        if why:
-            raise BadTreeError(why)
-        n_ctx, kv_len = len(self.tokens), self.kv.length
-        if kv_len + 1 + len(tokens) + 1 > self.kv.capacity:
-            raise BadTreeError(f"context full: {n_ctx} committed + {len(tokens)} tree nodes exceed {self.kv.capacity}")
-        depth = tree_depths(parents)
+        if why is None and self.kv.length + 1 + len(tokens) + 1 > self.kv.capacity:
+            why = f"context full: {len(self.tokens)} committed + {len(tokens)} tree nodes exceed {self.kv.capacity}"
+        return why
+
+    def tree_inputs(self, tokens: Sequence[int], parents: Sequence[int]) -> tuple[list[int], list[int], np.ndarray]:
+        """ids [1+N], positions [1+N] and allowed [1+N, kv_len+1+N] for [root] + nodes."""
+        n_ctx = len(self.tokens)
         ids = [self.tokens[-1], *tokens]
-        pos = [n_ctx - 1] + [n_ctx - 1 + d for d in depth]
-        logits = self._forward(ids, pos, verify_attention(parents, kv_len))  # [1+N, V]
+        pos = [n_ctx - 1] + [n_ctx - 1 + d for d in tree_depths(parents)]
+        return ids, pos, verify_attention(parents, self.kv.length)
+
+    def decide(self, logits: np.ndarray, pos: Sequence[int], tokens: Sequence[int],
+               parents: Sequence[int]) -> Verdict:
+        """The acceptance rule on this tree's logits ``[1+N, V]``; changes nothing."""
         picks = pick_tokens(logits, np.asarray(pos) + 1, self.params)
-        verdict = accept(tokens, parents, picks.tolist())
+        return accept(tokens, parents, picks.tolist())
+
+    def advance(self, verdict: Verdict, tokens: Sequence[int], kv_len: int) -> None:
+        """Keep the KV of the root and the accepted path (compaction); append path + bonus."""
         self.kv.compact([kv_len] + [kv_len + 1 + j for j in verdict.path], kv_len)
         self.tokens.extend(tokens[j] for j in verdict.path)
         self.tokens.append(verdict.bonus)
+
+    def verify(self, tokens: Sequence[int], parents: Sequence[int]) -> Verdict:
+        """Verify one tree; on success the session has advanced by ``verdict.emitted`` tokens."""
+        why = self.check_tree(tokens, parents)
+        if why:
+            raise BadTreeError(why)
+        kv_len = self.kv.length
+        ids, pos, allowed = self.tree_inputs(tokens, parents)
+        logits = self._forward(ids, pos, allowed)  # [1+N, V]
+        try:
+            verdict = self.decide(logits, pos, tokens, parents)
+        except Exception:
+            self.kv.truncate(kv_len)  # nothing half-applied
+            raise
+        self.advance(verdict, tokens, kv_len)
         return verdict
 
 
