@@ -67,9 +67,7 @@ def _cpus() -> set[int]:
 
 def _start_cloud(target: str, port: int, host: str, cpu: int | None, profile: netem.NetProfile | None,
                  log_path: Path, prefix: list[str], seed: int, timeout: float = 600.0) -> subprocess.Popen:
-    import socket
-
-    from rapid.errors import RapidError
+    from rapid.demo import wait_listening
 
     cmd = [*prefix, sys.executable, "-m", "rapid.bench.cloud", "--target", target, "--host", host,
            "--port", str(port), "--seed", str(seed)]
@@ -80,17 +78,7 @@ def _start_cloud(target: str, port: int, host: str, cpu: int | None, profile: ne
     env = dict(os.environ, OMP_NUM_THREADS="1")
     log = open(log_path, "w")  # noqa: SIM115 - lives as long as the process
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RapidError(f"the cloud exited with code {proc.returncode}\n{log_path.read_text()[-2000:]}")
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return proc
-        except OSError:
-            time.sleep(0.3)
-    proc.kill()
-    raise RapidError(f"the cloud did not listen on {host}:{port} within {timeout:.0f}s")
+    return wait_listening(proc, host, port, timeout, log_path)
 
 
 def _models(cfg: BenchConfig) -> tuple[str, str]:

@@ -38,18 +38,24 @@ def start_server(target: str, port: int, extra: list[str] | None = None, timeout
     log = open(log_path or os.devnull, "w")  # noqa: SIM115 - lives as long as the process
     cmd = [sys.executable, "-m", "rapid.cli", "serve", "--target", target, "--port", str(port), *(extra or [])]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    return wait_listening(proc, "127.0.0.1", port, timeout, log_path)
+
+
+def wait_listening(proc: subprocess.Popen, host: str, port: int, timeout: float,
+                   log_path: Path | None = None) -> subprocess.Popen:
+    """Wait until ``proc`` accepts connections on ``host:port``; a clear error if it dies or stalls."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             msg = Path(log_path).read_text()[-2000:] if log_path else ""
             raise RapidError(f"the verifier exited with code {proc.returncode} before listening\n{msg}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            with socket.create_connection((host, port), timeout=0.5):
                 return proc
         except OSError:
             time.sleep(0.3)
     proc.kill()
-    raise RapidError(f"the verifier did not listen on port {port} within {timeout:.0f}s")
+    raise RapidError(f"the verifier did not listen on {host}:{port} within {timeout:.0f}s")
 
 
 def stop_server(proc: subprocess.Popen) -> None:
