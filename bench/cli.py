@@ -9,7 +9,10 @@ from pathlib import Path
 
 QUICK = dict(policies="fixed,rapid", sets="c4", n_prompts=1, token_budget=32, max_new=10,
              schedules="none,sustained", profiles="wan", repeats=3)
-SMOKE = dict(policies="fixed,npdg,rapid", sets=None, n_prompts=1, token_budget=32, max_new=24,
+# the default run: ~20 min on the default pair, 2 cores (36 generations + 3 warm-ups)
+DEFAULT = dict(policies="fixed,npdg,rapid", sets="c4,oasst", n_prompts=1, token_budget=64, max_new=20,
+               schedules="none,sustained", profiles="wan", repeats=3)
+SMOKE = dict(policies="fixed,npdg,rapid", sets="c4", n_prompts=1, token_budget=32, max_new=24,
              schedules="none,sustained", profiles="lan", repeats=3)
 
 
@@ -25,15 +28,15 @@ def bench_parser() -> argparse.ArgumentParser:
     ap.add_argument("--smoke", action="store_true", help="tiny random models, < 60 s (tests)")
     ap.add_argument("--draft", default="default-draft")
     ap.add_argument("--target", default="default-target")
-    ap.add_argument("--policies", help="comma list (default fixed,npdg,rapid)")
+    ap.add_argument("--policies", help="comma list (default fixed,npdg,rapid; also ipdg, caac, edgellm, ar)")
     ap.add_argument("--prompts", help="folder of prompt-set JSON files or one file "
                     "(default ../shared/data/prompts if present, else built-in prompts)")
-    ap.add_argument("--sets", help="comma list of set names (default c4,mtbench)")
+    ap.add_argument("--sets", help="comma list of set names (default c4,oasst)")
     ap.add_argument("--n-prompts", type=int, help="prompts per set (default 1)")
-    ap.add_argument("--token-budget", type=int, help="prompt tokens kept, the last ones (default 96)")
-    ap.add_argument("--max-tokens", type=int, help="new tokens per generation (default 24)")
+    ap.add_argument("--token-budget", type=int, help="prompt tokens kept, the last ones (default 64)")
+    ap.add_argument("--max-tokens", type=int, help="new tokens per generation (default 20)")
     ap.add_argument("--contention", help="comma list: none, sustained[:I], burst:ON:OFF[:I] "
-                    "(default none,sustained,burst:4:4)")
+                    "(default none,sustained)")
     ap.add_argument("--profiles", help="comma list: local, lan, wan, cellular (default wan)")
     ap.add_argument("--repeats", type=int, help="repeats per cell (default 3)")
     ap.add_argument("--net", default="auto", choices=["auto", "netem", "transport"],
@@ -46,6 +49,9 @@ def bench_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cloud-cpu", type=int, default=1)
     ap.add_argument("--engine", default="torch")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fresh-controller", action="store_true",
+                    help="a new depth controller per generation (default: one per policy carried across "
+                         "generations, as the edge daemon keeps it)")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--report-only", action="store_true", help="only (re)write the report of --out")
     return ap
@@ -61,31 +67,27 @@ def main_bench(argv: list[str]) -> int:
         files = write_report(out)
         print("\n".join(str(p) for p in files.values()))
         return 0
-    preset = SMOKE if a.smoke else QUICK if a.quick else {}
+    preset = SMOKE if a.smoke else QUICK if a.quick else DEFAULT
 
-    def opt(name, default):
-        v = getattr(a, name)
-        return v if v is not None else preset.get(name, default)
+    def opt(name: str, cli_value):
+        return cli_value if cli_value is not None else preset[name]
 
     cfg = BenchConfig(
-        out=out, draft=a.draft, target=a.target,
-        policies=_csv(opt("policies", "fixed,npdg,rapid")),
-        prompts_source=a.prompts, sets=_csv(a.sets) if a.sets else _csv(preset.get("sets", "c4,mtbench")),
-        n_prompts=a.n_prompts or preset.get("n_prompts", 1),
-        token_budget=a.token_budget or preset.get("token_budget", 96),
-        max_new=a.max_tokens or preset.get("max_new", 24),
-        schedules=_csv(a.contention or preset.get("schedules", "none,sustained,burst:4:4")),
-        profiles=_csv(opt("profiles", "wan")), repeats=a.repeats or preset.get("repeats", 3),
+        out=out, draft=a.draft, target=a.target, policies=_csv(opt("policies", a.policies)),
+        prompts_source=a.prompts, sets=_csv(opt("sets", a.sets)), n_prompts=opt("n_prompts", a.n_prompts),
+        token_budget=opt("token_budget", a.token_budget), max_new=opt("max_new", a.max_tokens),
+        schedules=_csv(opt("schedules", a.contention)), profiles=_csv(opt("profiles", a.profiles)),
+        repeats=opt("repeats", a.repeats),
         depth=a.depth, budget=a.budget, topk=a.topk, width=a.width, edge_cpu=a.edge_cpu, cloud_cpu=a.cloud_cpu,
-        net=a.net, seed=a.seed, engine=a.engine, smoke=a.smoke, progress=not a.no_progress)
-    if a.smoke and a.sets is None:
-        cfg.sets = None
-        if a.prompts is None:
-            cfg.prompts_source = None  # resolved below: shared sets if present, else built-in
-            from rapid.bench.prompts import default_prompt_dir
+        net=a.net, seed=a.seed, engine=a.engine, smoke=a.smoke, progress=not a.no_progress,
+        carry_controller=not a.fresh_controller)
+    if a.sets is None and a.prompts is None:
+        from rapid.bench.prompts import default_prompt_dir
 
-            if default_prompt_dir() is not None:
-                cfg.sets = ["c4"]
+        if default_prompt_dir() is None:  # no shared prompt sets here: the built-in prompts
+            cfg.sets = None
+        elif a.smoke:
+            cfg.sets = ["c4"]
     t0 = time.perf_counter()
     run_bench(cfg)
     files = write_report(out)

@@ -56,6 +56,7 @@ class BenchConfig:
     engine: str = "torch"
     smoke: bool = False
     progress: bool = True
+    carry_controller: bool = True  # one depth controller per policy across generations, as the daemon keeps
 
 
 def _cpus() -> set[int]:
@@ -118,7 +119,7 @@ def run_bench(cfg: BenchConfig) -> Path:
     from tqdm import tqdm
 
     from rapid.demo import free_port, stop_server
-    from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
+    from rapid.runtime.coordinator import Coordinator, CoordinatorConfig, controller_for
     from rapid.runtime.drafter import Drafter
     from rapid.runtime.generate import open_edge_model
     from rapid.runtime.link import CloudLink
@@ -159,6 +160,8 @@ def run_bench(cfg: BenchConfig) -> Path:
         "token_budget": cfg.token_budget, "profiles": {p.name: asdict(p) for p in profiles},
         "schedules": {s.name: asdict(s) for s in schedules}, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "chat_template": False,
+        "controller": ("carried across generations per policy (as the edge daemon keeps it), warmed up "
+                       "uncontended" if cfg.carry_controller else "fresh per generation"),
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=2))
     total = (len(profiles) * len(schedules) * cfg.repeats * sum(len(v) for v in encoded.values())
@@ -181,11 +184,15 @@ def run_bench(cfg: BenchConfig) -> Path:
                                 out / f"cloud-{prof.name}.log", prefix, cfg.seed)
             url = f"ws://{host}:{port}"
             try:
-                # warm-up generation (not recorded): first forwards of both models, lazy init
+                # warm-up generations (not recorded, no load): first forwards of both models, lazy
+                # init, and each carried controller's uncontended latency baseline
                 first = next(iter(encoded.values()))[0][1]
-                _warm = Drafter(edge.engine, tree, edge.stop_ids)
-                asyncio.run(Coordinator(_warm, CloudLink(url), policies[0],
-                                        CoordinatorConfig(depth=cfg.depth)).generate(first, 2, sampling))
+                ccfg = CoordinatorConfig(depth=cfg.depth)
+                ctrls = {p.name: controller_for(p, ccfg) for p in policies} if cfg.carry_controller else {}
+                for pol in (policies if cfg.carry_controller else policies[:1]):
+                    _warm = Drafter(edge.engine, tree, edge.stop_ids)
+                    asyncio.run(Coordinator(_warm, CloudLink(url), pol, ccfg, controller=ctrls.get(pol.name))
+                                .generate(first, 8 if cfg.carry_controller else 2, sampling))
                 for sched in schedules:
                     with LoadProcess(sched, edge_cpus) as load:
                         time.sleep(0.5 if sched.kind != "none" else 0.0)  # the load process imports numpy
@@ -199,7 +206,8 @@ def run_bench(cfg: BenchConfig) -> Path:
                                                     "set": set_name, "prompt_id": prompt.id, "repeat": rep,
                                                     "prompt_tokens": len(ids)}
                                         _one(out, edge, tree, sampling, cfg, pol, url, ids, load, sched, row_meta,
-                                             Drafter, CloudLink, Coordinator, CoordinatorConfig)
+                                             ctrls.get(pol.name), Drafter, CloudLink, Coordinator,
+                                             CoordinatorConfig)
                                         bar.update(1)
             finally:
                 stop_server(proc)
@@ -212,9 +220,9 @@ def run_bench(cfg: BenchConfig) -> Path:
 
 
 def _one(out, edge, tree, sampling, cfg, pol, url, ids, load: LoadProcess, sched: Schedule, row_meta,
-         Drafter, CloudLink, Coordinator, CoordinatorConfig) -> None:
+         controller, Drafter, CloudLink, Coordinator, CoordinatorConfig) -> None:
     drafter = Drafter(edge.engine, tree, edge.stop_ids)
-    coord = Coordinator(drafter, CloudLink(url), pol, CoordinatorConfig(depth=cfg.depth))
+    coord = Coordinator(drafter, CloudLink(url), pol, CoordinatorConfig(depth=cfg.depth), controller=controller)
     load.start_epoch()
     t0 = time.perf_counter()  # the schedule's epoch on the coordinator's clock
     gen = asyncio.run(coord.generate(ids, cfg.max_new, sampling))

@@ -178,6 +178,8 @@ class DepthController(Protocol):
 
     def snapshot(self) -> dict: ...
 
+    def new_request(self) -> None: ...
+
 
 def _round_half_up(x: float) -> int:
     return math.floor(x + 0.5)
@@ -262,6 +264,17 @@ class CAAC:
         if self._steps < c.n_warmup or esr <= c.band_hi:
             return esr, 1.0
         return esr, min(1.0, max(c.eta_min, (c.band_hi / esr) ** c.gamma))
+
+    def new_request(self) -> None:
+        """Start a new generation: reset the logical path (acceptance EMA, PID state), keep the
+        physical path (``tau_fast``/``tau_slow``, tokens per step) and the cloud EMA.
+
+        The latency baseline describes the device, not the prompt: a long-lived edge daemon
+        that carries it across requests notices contention that began before the request did.
+        """
+        self._rounds = 0
+        self._acc = self.config.target_acceptance
+        self._err = self._d_err = self._integral = 0.0
 
     # ---- logical path --------------------------------------------------------------
     def _b_raw(self) -> float:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from rapid.runtime.caac import CAAC, CAACConfig, CAACDecision, FixedDepth
+from rapid.runtime.caac import CAAC, CAACConfig, CAACDecision, DepthController, FixedDepth
 from rapid.runtime.drafter import Drafter
 from rapid.runtime.link import CloudError, CloudLink
 from rapid.runtime.policies import Policy
@@ -49,15 +49,17 @@ class CoordinatorConfig:
 class Coordinator:
     def __init__(self, drafter: Drafter, link: CloudLink, policy: Policy,
                  config: CoordinatorConfig | None = None, clock: Callable[[], float] = time.perf_counter,
-                 step_hook: Callable[[str, int], None] | None = None) -> None:
+                 step_hook: Callable[[str, int], None] | None = None,
+                 controller: DepthController | None = None) -> None:
         self.drafter = drafter
         self.link = link
         self.policy = policy
         self.cfg = config or CoordinatorConfig()
         self.clock = clock
         self.step_hook = step_hook  # called after every complete step (tests inject delays)
-        self.controller = (CAAC(self.cfg.caac, initial_depth=self.cfg.depth) if policy.adaptive_depth
-                           else FixedDepth(self.cfg.depth))
+        # a caller-owned controller (see controller_for) carries the device's latency baseline
+        # across generations; generate() resets only its logical path
+        self.controller = controller if controller is not None else controller_for(policy, self.cfg)
 
     def _after_step(self, rec, phase: str, k: int) -> None:
         self.controller.observe_step(rec.seconds, rec.tokens)
@@ -109,6 +111,7 @@ class Coordinator:
             raise CloudError("limits", f"tree budget {d.params.budget} exceeds the cloud's limit of "
                                        f"{ready.max_nodes} nodes per tree; lower --budget")
         d.start(prompt)
+        self.controller.new_request()
         out: list[int] = []
         records: list[RoundRecord] = []
         decision = self.controller.next_depth(p.proactive)
@@ -166,6 +169,13 @@ class Coordinator:
         await self.link.close()
         wall = self.clock() - t_begin
         return Generation(out, records, summarize(p.name, records, len(out), wall), stopped)
+
+
+def controller_for(policy: Policy, config: CoordinatorConfig) -> DepthController:
+    """The depth controller a policy uses: CAAC when it adapts the depth, else FixedDepth."""
+    if policy.adaptive_depth:
+        return CAAC(config.caac, initial_depth=config.depth)
+    return FixedDepth(config.depth, config.caac)
 
 
 def _fill_decision(rec: RoundRecord, dec: CAACDecision) -> None:

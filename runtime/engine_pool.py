@@ -59,6 +59,9 @@ class EdgeService:
         self.link_options = link_options or {}
         self.metrics = EdgeMetrics()
         self._pool: asyncio.Queue | None = None
+        # one depth controller per engine, kept across requests: its latency baseline is the
+        # device's, so contention that started before a request is still seen as contention
+        self._controllers: dict[int, object] = {}
 
     def pool(self) -> asyncio.Queue:
         if self._pool is None:
@@ -88,7 +91,7 @@ class EdgeService:
         return res, abort, task
 
     async def _generate(self, req: Request, res: Result, abort: asyncio.Event) -> None:
-        from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
+        from rapid.runtime.coordinator import Coordinator, CoordinatorConfig, controller_for
         from rapid.runtime.detok import Detokenizer
         from rapid.runtime.drafter import Drafter
         from rapid.runtime.link import CloudLink
@@ -136,7 +139,9 @@ class EdgeService:
 
         try:
             drafter = Drafter(edge.engine, self.tree, edge.stop_ids)
-            coord = Coordinator(drafter, link, self.policy, CoordinatorConfig(depth=self.tree.depth))
+            cfg = CoordinatorConfig(depth=self.tree.depth)
+            ctrl = self._controllers.setdefault(id(edge), controller_for(self.policy, cfg))
+            coord = Coordinator(drafter, link, self.policy, cfg, controller=ctrl)
             sampling = SamplingParams(req.temperature, req.top_p, 0, req.seed)
             try:
                 gen = await coord.generate(req.prompt_ids, req.max_tokens, sampling, on_tokens)

@@ -302,3 +302,34 @@ def test_config_is_frozen_and_defaults_valid():
     with pytest.raises(AttributeError):
         cfg.kp = 1.0  # type: ignore[misc]
     assert (cfg.min_depth, cfg.max_depth, cfg.time_cap) == (1, 8, True)
+
+
+def test_new_request_keeps_the_latency_baseline_and_resets_the_pid():
+    c = CAAC(CAACConfig(), initial_depth=4)
+    for _ in range(20):
+        c.observe_step(0.01, 2)
+    for _ in range(6):
+        c.observe_round(0, 4, 0.05)
+    before = c.snapshot()
+    assert before["b_hat"] < 4 and before["integral"] != 0
+    c.new_request()
+    after = c.snapshot()
+    for k in ("steps", "tau_fast", "tau_slow", "tokens_per_step", "cloud_seconds"):
+        assert after[k] == before[k], k
+    assert after["rounds"] == 0 and after["integral"] == 0 and after["error"] == 0
+    assert after["acceptance"] == CAACConfig().target_acceptance and after["b_hat"] == 4
+
+
+def test_carried_baseline_sees_contention_that_began_before_the_request():
+    """A fresh controller learns its baseline under the load; a carried one gates at once."""
+    carried = CAAC(CAACConfig(), initial_depth=4)
+    for _ in range(40):
+        carried.observe_step(0.01, 2)  # uncontended history
+    carried.new_request()
+    fresh = CAAC(CAACConfig(), initial_depth=4)
+    for c in (carried, fresh):
+        for _ in range(12):
+            c.observe_step(0.03, 2)  # 3x slower from the start of this request
+    assert fresh.next_depth().eta == 1.0
+    d = carried.next_depth()
+    assert d.esr > 2 and d.eta < 0.5 and d.depth < 4
