@@ -25,12 +25,16 @@ class Calibration:
     verify_b: float = 0.005
     gpu_profile: tuple[list[float], list[float]] | None = None  # (nodes, seconds), interpolated
     overhead_s: float = 0.002  # transport/framing per round, beyond verify and the profile RTT
-    startup_s: float = 0.0  # per generation: connect + prefill (wall - sum of rounds)
+    startup_s: float = 0.0  # per generation: connect + cloud prefill (wall - sum of rounds)
+    prefill_s: float = 0.0  # draft prefill inside the first round (uncontended; contention scales it)
+    warm_controller: bool = False  # the traced runs carried a warmed-up controller across generations
+    cut_continue: tuple[float, float] | None = None  # EdgeLLM confidence cut: P(continue | miss, match)
     tokens_per_step: float = 2.0
     match_bits: list[int] = field(default_factory=lambda: [1, 1, 0])
     p_accept: float = 0.6  # per-token acceptance (for censored rounds)
     p_hit_full: float = 0.5  # proactive hit rate after a fully accepted round
     p_hit_part: float = 0.3  # ... after a partly accepted round
+    hits_by_policy: dict[str, tuple[float, float]] = field(default_factory=dict)  # (full, part) where traced
     depth: int = 4
     nodes_by_depth: dict[int, float] = field(default_factory=dict)
     budget: int = 8
@@ -133,13 +137,24 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
         if r.get("depth", 0) > 0 and r.get("tree_nodes", 0) > 0:
             nd[r["depth"]].append(r["tree_nodes"])
     cal.nodes_by_depth = {d: statistics.median(v) for d, v in nd.items()}
-    # acceptance: per-position match string
+    fit_acceptance(cal, rounds, seed)
+    cal.prefill_s = _prefill(rounds, by_run)
+    cal.warm_controller = str(meta.get("controller", "")).startswith("carried")
+    cal.cut_continue = _cut_model(rounds)
+    cal.source = ", ".join(sorted({str(r.get("profile")) for r in runs}))
+    return cal
+
+
+def fit_acceptance(cal: Calibration, rounds: list[dict], seed: int = 0) -> Calibration:
+    """Replace ``cal``'s acceptance replay (match string, per-token acceptance, hit rates) by the
+    one of ``rounds`` (e.g. one prompt set's), keeping the timing model; returns ``cal``."""
+    # per-position match string
     ones = sum(min(r["accepted"], r["depth"]) for r in rounds if r.get("depth", 0) > 0)
     zeros = sum(1 for r in rounds if r.get("depth", 0) > 0 and r["accepted"] < r["depth"])
     cal.p_accept = ones / max(ones + zeros, 1) if ones + zeros else 0.6
     rng = random.Random(seed)
     bits: list[int] = []
-    for rs in by_run.values():
+    for rs in _group_runs(rounds).values():
         for r in sorted(rs, key=lambda x: x["round"]):
             if r.get("depth", 0) <= 0:
                 continue
@@ -151,12 +166,59 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
             if r.get("proactive_hit") is not None and r["accepted"] >= r["depth"]]
     part = [bool(r["proactive_hit"]) for r in rounds
             if r.get("proactive_hit") is not None and r["accepted"] < r["depth"]]
-    allh = full + part
-    base = sum(allh) / len(allh) if allh else 0.3
-    cal.p_hit_full = sum(full) / len(full) if len(full) >= 3 else base
-    cal.p_hit_part = sum(part) / len(part) if len(part) >= 3 else base
-    cal.source = ", ".join(sorted({str(r.get("profile")) for r in runs}))
+    cal.p_hit_full, cal.p_hit_part = _hit_rates(full, part, 0.3)
+    cal.hits_by_policy = {}
+    for pol in sorted({r.get("policy") for r in rounds if r.get("proactive_hit") is not None}):
+        f = [bool(r["proactive_hit"]) for r in rounds if r.get("policy") == pol
+             and r.get("proactive_hit") is not None and r["accepted"] >= r["depth"]]
+        q = [bool(r["proactive_hit"]) for r in rounds if r.get("policy") == pol
+             and r.get("proactive_hit") is not None and r["accepted"] < r["depth"]]
+        if len(f) + len(q) >= 10:  # the branch's shape (chain vs tree, depth) is the policy's
+            cal.hits_by_policy[pol] = _hit_rates(f, q, (sum(f) + sum(q)) / (len(f) + len(q)))
     return cal
+
+
+def _hit_rates(full: list[bool], part: list[bool], default: float) -> tuple[float, float]:
+    """Hit rates after fully / partly accepted rounds (the pooled rate where fewer than 3)."""
+    allh = full + part
+    base = sum(allh) / len(allh) if allh else default
+    return (sum(full) / len(full) if len(full) >= 3 else base, sum(part) / len(part) if len(part) >= 3 else base)
+
+
+def _prefill(rounds: list[dict], by_run: dict[tuple, list[dict]]) -> float:
+    """Median extra draft time of an uncontended first round over its run's later steps."""
+    extra = []
+    for rs in by_run.values():
+        rs = sorted(rs, key=lambda x: x["round"])
+        later = [x["draft_s"] / x["draft_steps"] for x in rs[1:] if x.get("draft_steps", 0) > 0]
+        if rs and later and rs[0].get("draft_steps", 0) > 0 and rs[0].get("load", 0.0) == 0.0:
+            extra.append(rs[0]["draft_s"] - rs[0]["draft_steps"] * statistics.median(later))
+    return max(0.0, statistics.median(extra)) if extra else 0.0
+
+
+def _cut_model(rounds: list[dict]) -> tuple[float, float] | None:
+    """EdgeLLM's confidence cut as P(draft one more step | the last drafted token misses / matches).
+
+    In a round that drafted ``d`` steps and had ``a`` accepted, step ``j`` (1..d) drafted a
+    token that matches iff ``j <= a``; after step ``j < d`` the drafter continued, after step
+    ``d`` below the planned depth it cut. None when no confidence-cut policy was traced.
+    """
+    cont = [[0, 0], [0, 0]]  # [miss, match] x [continued, decisions]
+    for rs in _group_runs([r for r in rounds if r.get("policy") == "edgellm"]).values():
+        prev_reused = 0
+        for r in sorted(rs, key=lambda x: x["round"]):
+            d, a, planned = r.get("draft_steps", 0), r["accepted"], r["depth"]
+            if d > 0 and prev_reused == 0:  # rounds on a kept branch start mid-tree: skipped
+                for j in range(1, d + 1):
+                    if j == d and d >= planned:
+                        break  # stopped by the planned depth, not by the cut
+                    m = int(j <= a)
+                    cont[m][1] += 1
+                    cont[m][0] += j < d
+            prev_reused = r.get("reused_depth", 0)
+    if cont[0][1] + cont[1][1] < 5:
+        return None
+    return tuple(c / n if n else 1.0 for c, n in cont)  # type: ignore[return-value]
 
 
 def _sched_intensity(scheds: dict, name: str | None) -> float:

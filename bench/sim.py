@@ -35,6 +35,7 @@ from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
 from rapid.runtime.policies import POLICIES, Policy
 
 ORACLE = "oracle"
+ORACLE_LOAD = "oracle-load"  # knows the future contention but not the acceptance
 
 
 # ---------------------------------------------------------------------------------------------
@@ -62,10 +63,17 @@ class _Edge:
                  tokens: int, seed: int, phase: float, startup: bool, config: CoordinatorConfig) -> None:
         self.idx = idx
         self.oracle = policy == ORACLE
-        self.policy = POLICIES["rapid"] if self.oracle else policy
+        self.load_oracle = policy == ORACLE_LOAD
+        self.policy = POLICIES["rapid"] if isinstance(policy, str) else policy
         # the controller exactly as the runtime's coordinator builds it
         self.ctrl = Coordinator(None, None, self.policy, config).controller  # type: ignore[arg-type]
         self.cal, self.sched, self.prof = cal, sched, prof
+        if cal.warm_controller:  # as rapid bench / the daemon: a baseline learned uncontended
+            wr = random.Random(seed * 7 + idx)
+            for _ in range(4 * self.ctrl.config.n_warmup):
+                self.ctrl.observe_step(wr.choice(cal.step_s), max(1, round(cal.tokens_per_step)))
+        self.ctrl.new_request()
+        self.prefill = cal.prefill_s
         self.target = tokens
         self.rng = random.Random(seed * 1_000_003 + idx)
         self.phase = phase
@@ -104,20 +112,41 @@ class _Edge:
         return statistics.median(self.cal.step_s) * self.factor(t)
 
     def hit(self, pos_end: int, full: bool) -> bool:
-        p = self.cal.p_hit_full if full else self.cal.p_hit_part
+        c = self.cal
+        p_full, p_part = c.hits_by_policy.get(self.policy.name, (c.p_hit_full, c.p_hit_part))
+        p = p_full if full else p_part
         return self.u_hit[min(pos_end, len(self.u_hit) - 1)] < p
 
+    def keep_drafting(self, p: int) -> bool:
+        """EdgeLLM's confidence cut after drafting the token at position ``p`` (calibrated)."""
+        if self.policy.confidence_floor is None or self.cal.cut_continue is None:
+            return True
+        return self.rng.random() < self.cal.cut_continue[self.bit(p)]
+
+    def load_aware_depth(self, t: float) -> int:
+        """argmax_d E[tokens] / E[seconds] with i.i.d. acceptance p: E[tokens] = 1 + sum_k p^k."""
+        maxd = min(self.ctrl.config.max_depth, self.target - self.pos)
+        s, p = self.mean_step(t), self.cal.p_accept
+        rtt = self.prof.rtt_ms / 1000 + self.cal.overhead_s
+
+        def rate(d: int) -> float:
+            gain = 1 + sum(p ** k for k in range(1, d + 1))
+            return gain / (max(0, d - self.reused) * s + self.cal.verify(self.cal.nodes(d)) + rtt)
+
+        return max(range(1, max(1, maxd) + 1), key=rate)
+
     def oracle_depth(self, t: float) -> int:
+        """The depth d in 0..r (r = the future accepted run) with the best tokens per second
+        for this round: (d + 1) / ((d - reused)·step + verify(nodes(d)) + RTT)."""
         maxd = self.ctrl.config.max_depth
         r = self.run_len(self.pos, min(maxd, self.target - self.pos))
-        if r == 0:
-            return 0
         s = self.mean_step(t)
         rtt = self.prof.rtt_ms / 1000 + self.cal.overhead_s
-        free = min(self.reused, r)
-        t_draft = (r - free) * s + self.cal.verify(self.cal.nodes(r)) + rtt
-        t_none = self.cal.verify(0) + rtt
-        return r if t_draft / (r + 1) < t_none else 0
+
+        def rate(d: int) -> float:
+            return (d + 1) / (max(0, d - self.reused) * s + self.cal.verify(self.cal.nodes(d)) + rtt)
+
+        return max(range(r + 1), key=rate)
 
 
 def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetProfile, tokens: int = 256,
@@ -178,16 +207,26 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
                 e.decision = e.ctrl.next_depth(e.policy.proactive)
             if e.oracle:
                 depth = e.oracle_depth(now)
+            elif e.load_oracle:
+                depth = e.load_aware_depth(now)
             elif not e.policy.drafting:
                 depth = 0
             else:
                 depth = max(1, min(e.decision.depth, e.target - e.pos))
             t = now
-            steps = max(0, depth - e.reused) if depth > 0 else 0
-            for _ in range(steps):
+            if e.prefill and e.policy.drafting:  # the draft prefill runs inside the first round
+                t += e.prefill * e.factor(t)
+                e.prefill = 0.0
+            planned = max(0, depth - e.reused) if depth > 0 else 0
+            steps = 0
+            while steps < planned:
                 d = e.step_time(t)
                 t += d
+                steps += 1
                 e.ctrl.observe_step(d, max(1, round(e.cal.tokens_per_step)))
+                if steps < planned and not e.keep_drafting(e.pos + e.reused + steps - 1):
+                    depth = e.reused + steps
+                    break
             e.res.draft_steps += steps
             nodes = e.cal.nodes(depth)
             up = e.prof.sample_rtt_s(e.rng) / 2
@@ -204,8 +243,10 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
             e.reused = 0
             pol = e.policy
             next_dec = None
-            if pol.proactive and pol.drafting and (not e.oracle or (hit and depth > 0)):
-                if not e.oracle:
+            if pol.proactive and pol.drafting and (not e.oracle or hit):
+                if e.load_oracle:
+                    want = e.load_aware_depth(t_send)
+                elif not e.oracle:
                     next_dec = e.ctrl.next_depth(True)
                     want = next_dec.depth
                 else:

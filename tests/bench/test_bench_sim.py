@@ -67,4 +67,69 @@ def test_sim_cli_writes_its_report(canned, tmp_path):
     for f in ("sim.json", "sim.md", "scale.png"):
         assert (out / f).exists()
     md = (out / "sim.md").read_text()
-    assert "Validation" in md and "fraction of oracle" in md
+    assert "Validation" in md and "Policies vs the oracle" in md and "oracle-load" in md
+
+
+def _rows(policy, drafted_accepted, planned=4, run="0"):
+    """Round rows of one run: (draft_steps, accepted) per round."""
+    return [{"policy": policy, "round": i, "depth": planned, "draft_steps": d, "accepted": a, "reused_depth": 0,
+             "profile": "wan", "schedule": "none", "set": "c4", "prompt_id": run, "repeat": 0}
+            for i, (d, a) in enumerate(drafted_accepted)]
+
+
+def test_confidence_cut_model_counts_continue_decisions():
+    from rapid.bench.calibration import _cut_model
+
+    # cut right after the first miss every time: P(continue | miss) = 0, P(continue | match) = 1
+    rows = _rows("edgellm", [(2, 1), (3, 2), (1, 0), (4, 4), (2, 1), (3, 2)])
+    assert _cut_model(rows) == (0.0, 1.0)
+    assert _cut_model(_rows("npdg", [(2, 1)] * 10)) is None  # no confidence-cut policy traced
+
+
+def test_edgellm_in_the_simulator_cuts_at_the_calibrated_rate(cal):
+    from dataclasses import replace
+
+    s, p = parse_schedule("none"), get_profile("lan")
+    pol = policies.POLICIES["edgellm"]
+    never = sim.simulate(pol, replace(cal, cut_continue=(0.0, 0.0)), s, p, tokens=96, seed=0)["edges"][0]
+    always = sim.simulate(pol, replace(cal, cut_continue=(1.0, 1.0)), s, p, tokens=96, seed=0)["edges"][0]
+    # cutting after every first step leaves shallower trees (one step on top of reused levels)
+    assert sum(never.depths) / len(never.depths) < sum(always.depths) / len(always.depths)
+    assert always.rounds < never.rounds
+
+
+def test_per_set_acceptance_replays_that_set(cal):
+    from dataclasses import replace
+
+    from rapid.bench.calibration import fit_acceptance
+
+    all_hit = fit_acceptance(replace(cal), _rows("fixed", [(4, 4)] * 30))
+    none_hit = fit_acceptance(replace(cal), _rows("fixed", [(4, 0)] * 30))
+    assert all_hit.p_accept == 1.0 and none_hit.p_accept == 0.0
+    s, p = parse_schedule("none"), get_profile("lan")
+    hi = sim.simulate(policies.POLICIES["fixed"], all_hit, s, p, tokens=64, seed=0)["edges"][0]
+    lo = sim.simulate(policies.POLICIES["fixed"], none_hit, s, p, tokens=64, seed=0)["edges"][0]
+    assert hi.accepted / hi.rounds == 4 and lo.accepted == 0
+    assert hi.tok_s > lo.tok_s
+
+
+def test_load_oracle_sits_between_policies_and_the_oracle(cal):
+    s, p = parse_schedule("sustained"), get_profile("wan")
+    for seed in range(3):
+        orc = sim.simulate(sim.ORACLE, cal, s, p, tokens=128, seed=seed)["edges"][0].tok_s
+        load = sim.simulate(sim.ORACLE_LOAD, cal, s, p, tokens=128, seed=seed)["edges"][0]
+        assert load.tok_s <= orc
+        assert len(set(load.depths)) >= 1 and all(1 <= d <= 8 for d in load.depths)
+
+
+def test_prefill_and_warm_controller_are_modelled(cal):
+    from dataclasses import replace
+
+    s, p = parse_schedule("sustained"), get_profile("lan")
+    pol = policies.POLICIES["rapid"]
+    base = sim.simulate(pol, replace(cal, prefill_s=0.0), s, p, tokens=48, seed=0)["edges"][0]
+    slow = sim.simulate(pol, replace(cal, prefill_s=1.0), s, p, tokens=48, seed=0)["edges"][0]
+    assert slow.wall_s == pytest.approx(base.wall_s + 1.0 * cal.slowdown, rel=1e-6)  # scaled by contention
+    e = sim._Edge(0, pol, replace(cal, warm_controller=True), s, p, 16, 0, 0.0, False, sim.CoordinatorConfig())
+    snap = e.ctrl.snapshot()
+    assert snap["steps"] >= e.ctrl.config.n_warmup and snap["rounds"] == 0
