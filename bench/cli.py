@@ -49,6 +49,9 @@ def bench_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cloud-cpu", type=int, default=1)
     ap.add_argument("--engine", default="torch")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--load-device", default="auto", choices=["auto", "cpu", "cuda"],
+                    help="where the contention load runs (default: the edge engine's device; a GPU edge gets "
+                         "a GPU matmul load)")
     ap.add_argument("--fresh-controller", action="store_true",
                     help="a new depth controller per generation (default: one per policy carried across "
                          "generations, as the edge daemon keeps it)")
@@ -80,7 +83,7 @@ def main_bench(argv: list[str]) -> int:
         repeats=opt("repeats", a.repeats),
         depth=a.depth, budget=a.budget, topk=a.topk, width=a.width, edge_cpu=a.edge_cpu, cloud_cpu=a.cloud_cpu,
         net=a.net, seed=a.seed, engine=a.engine, smoke=a.smoke, progress=not a.no_progress,
-        carry_controller=not a.fresh_controller)
+        carry_controller=not a.fresh_controller, load_device=a.load_device)
     if a.sets is None and a.prompts is None:
         from rapid.bench.prompts import default_prompt_dir
 

@@ -131,17 +131,73 @@ def _load_main(epoch, stop, cpus, sched: Schedule) -> None:  # runs in the load 
             time.sleep(0.002)
 
 
-class LoadProcess:
-    """A co-running load process following ``schedule`` from each ``start_epoch()``."""
+def load_device_for(engine_device: str, requested: str = "auto") -> str:
+    """Where the contention load runs: the edge engine's device unless ``requested`` says."""
+    if requested != "auto":
+        return requested
+    d = engine_device.lower()
+    return "cuda" if "cuda" in d or "tensorrt" in d else "cpu"
 
-    def __init__(self, schedule: Schedule, cpus: set[int] | None = None) -> None:
+
+def gpu_load_available() -> tuple[bool, str]:
+    """(True, "") when a CUDA device can run the GPU load (torch with CUDA), else (False, why)."""
+    try:
+        import torch
+    except ImportError:
+        return False, "the GPU load needs torch with CUDA (pip install torch for your device)"
+    if not torch.cuda.is_available():
+        return False, f"torch {torch.__version__} sees no CUDA device"
+    return True, ""
+
+
+def _gpu_load_main(epoch, stop, cpus, sched: Schedule, n: int = 2048) -> None:  # runs in the load process
+    """The GPU edge's load: fp16 matmuls on the edge's GPU in the busy slots (one kernel at a
+    time, synchronised, so the busy fraction is the schedule's), the host thread on ``cpus``."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    pin(set(cpus) if cpus else None)
+    import torch
+
+    a = torch.randn(n, n, device="cuda", dtype=torch.float16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.float16)
+    while not stop.is_set():
+        e = epoch.value
+        if e < 0:
+            time.sleep(0.01)
+            continue
+        if sched.busy(time.monotonic() - e):
+            end = time.monotonic() + min(0.005, sched.slot_s)
+            while time.monotonic() < end:
+                a @ b
+                torch.cuda.synchronize()
+        else:
+            time.sleep(0.002)
+
+
+class LoadProcess:
+    """A co-running load process following ``schedule`` from each ``start_epoch()``.
+
+    ``device="cpu"`` spins on the edge's cores; ``device="cuda"`` runs matmuls on the edge's GPU
+    (a GPU edge such as Jetson Orin drafts on the GPU, so that is where contention hurts).
+    """
+
+    def __init__(self, schedule: Schedule, cpus: set[int] | None = None, device: str = "cpu") -> None:
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"load device must be 'cpu' or 'cuda', got {device!r}")
+        if device == "cuda" and schedule.kind != "none":
+            ok, why = gpu_load_available()
+            if not ok:
+                from rapid.errors import RapidError
+
+                raise RapidError(f"GPU contention load: {why}")
         self.schedule = schedule
+        self.device = device
         ctx = mp.get_context("spawn")
         self._epoch = ctx.Value("d", -1.0)
         self._stop = ctx.Event()
         self._proc = None
         if schedule.kind != "none":
-            self._proc = ctx.Process(target=_load_main, args=(self._epoch, self._stop, sorted(cpus or []), schedule),
+            target = _gpu_load_main if device == "cuda" else _load_main
+            self._proc = ctx.Process(target=target, args=(self._epoch, self._stop, sorted(cpus or []), schedule),
                                      daemon=True, name="rapid-bench-load")
             self._proc.start()
 

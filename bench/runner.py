@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rapid.bench import netem
-from rapid.bench.contention import LoadProcess, Schedule, parse_schedule, pin
+from rapid.bench.contention import LoadProcess, Schedule, load_device_for, parse_schedule, pin
 from rapid.bench.prompts import load_sets, pick, truncate_ids
 
 
@@ -56,6 +56,7 @@ class BenchConfig:
     engine: str = "torch"
     smoke: bool = False
     progress: bool = True
+    load_device: str = "auto"  # auto (the edge engine's device) | cpu | cuda
     carry_controller: bool = True  # one depth controller per policy across generations, as the daemon keeps
 
 
@@ -146,6 +147,7 @@ def run_bench(cfg: BenchConfig) -> Path:
     old_aff = _cpus()
     pinned = pin(edge_cpus)
     edge = open_edge_model(draft, cfg.engine, 2048, 1)
+    load_device = load_device_for(edge.engine.info.device, cfg.load_device)
     tree = TreeParams(cfg.depth, cfg.budget, cfg.topk, cfg.width)
     sampling = SamplingParams(0.0, 1.0, 0, cfg.seed)
     encoded = {k: [(p, truncate_ids(list(edge.tokenizer(p.text)["input_ids"]), cfg.token_budget)) for p in v]
@@ -159,7 +161,7 @@ def run_bench(cfg: BenchConfig) -> Path:
         "prompt_tokens": {k: [len(ids) for _, ids in v] for k, v in encoded.items()},
         "token_budget": cfg.token_budget, "profiles": {p.name: asdict(p) for p in profiles},
         "schedules": {s.name: asdict(s) for s in schedules}, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "chat_template": False,
+        "chat_template": False, "edge_device": edge.engine.info.device, "load_device": load_device,
         "controller": ("carried across generations per policy (as the edge daemon keeps it), warmed up "
                        "uncontended" if cfg.carry_controller else "fresh per generation"),
     }
@@ -194,7 +196,7 @@ def run_bench(cfg: BenchConfig) -> Path:
                     asyncio.run(Coordinator(_warm, CloudLink(url), pol, ccfg, controller=ctrls.get(pol.name))
                                 .generate(first, 8 if cfg.carry_controller else 2, sampling))
                 for sched in schedules:
-                    with LoadProcess(sched, edge_cpus) as load:
+                    with LoadProcess(sched, edge_cpus, load_device) as load:
                         time.sleep(0.5 if sched.kind != "none" else 0.0)  # the load process imports numpy
                         for rep in range(cfg.repeats):
                             for set_name, items in encoded.items():

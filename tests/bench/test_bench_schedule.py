@@ -43,3 +43,28 @@ def test_prompts_builtin_and_truncation(tmp_path):
     assert truncate_ids(list(range(10)), 3) == [7, 8, 9] and truncate_ids([1, 2], 5) == [1, 2]
     with pytest.raises(ValueError):
         load_sets(f, ["nope"])
+
+
+def test_load_follows_the_edge_engine_device():
+    from rapid.bench.contention import load_device_for
+
+    assert load_device_for("cpu") == "cpu"
+    assert load_device_for("CPUExecutionProvider") == "cpu"
+    assert load_device_for("cuda:0") == "cuda"
+    assert load_device_for("CUDAExecutionProvider") == "cuda"
+    assert load_device_for("TensorrtExecutionProvider") == "cuda"
+    assert load_device_for("cuda:0", "cpu") == "cpu"
+
+
+def test_gpu_load_without_a_gpu_is_a_clear_error():
+    from rapid.bench.contention import LoadProcess, gpu_load_available, parse_schedule
+    from rapid.errors import RapidError
+
+    ok, why = gpu_load_available()
+    if ok:
+        pytest.skip("a CUDA device is present: the GPU load runs (scripts/device_check.sh covers it)")
+    with pytest.raises(RapidError, match="GPU contention load"):
+        LoadProcess(parse_schedule("sustained"), None, "cuda")
+    with pytest.raises(ValueError, match="load device"):
+        LoadProcess(parse_schedule("sustained"), None, "tpu")
+    LoadProcess(parse_schedule("none"), None, "cuda").close()  # no load, nothing to check
