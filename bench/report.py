@@ -86,6 +86,24 @@ def ratios(rows: list[dict], base: str = "fixed") -> list[dict]:
     return out
 
 
+# the issue's comparative targets: (schedule kind, policy, baseline, minimum ratio of median tok/s)
+TARGETS = (("sustained", "rapid", "fixed", 1.3), ("sustained", "rapid", "npdg", 1.1), ("none", "rapid", "fixed", 1.0))
+
+
+def target_check(rat: list[dict]) -> list[dict]:
+    """Every target cell: the measured ratio, the goal, and met / missed by how much."""
+    out = []
+    for kind, pol, base, goal in TARGETS:
+        for r in rat:
+            if r["policy"] != pol or r["schedule"].split(":")[0] != kind or f"vs_{base}" not in r:
+                continue
+            v = r[f"vs_{base}"]
+            out.append({"profile": r["profile"], "schedule": r["schedule"], "set": r["set"],
+                        "ratio": f"{pol}/{base}", "value": v, "goal": goal, "met": v >= goal,
+                        "short_by": max(0.0, goal - v) / goal})
+    return out
+
+
 def lossless_check(runs: list[dict]) -> tuple[int, int]:
     """(prompts where every policy emitted the same tokens, prompts checked)."""
     by: dict[tuple, set] = defaultdict(set)
@@ -150,6 +168,8 @@ def write_report(folder: str | Path, plots: bool = True) -> dict[str, Path]:
     L.append(f"- contention: real co-running load process (numpy matmul busy loop) pinned to the edge's core "
              f"{meta.get('edge_cpus')} (edge pinned there too: {meta.get('pinned')}); cloud pinned to core "
              f"{meta.get('cloud_cpu')}; schedules {list(meta.get('schedules', {}))}, restarted at each generation")
+    L.append(f"- edge engine device {meta.get('edge_device', '?')}; contention load on {meta.get('load_device', 'cpu')}; "
+             f"depth controller {meta.get('controller', 'fresh per generation')}")
     L.append(f"- lossless check: every policy emitted identical tokens on {same}/{checked} prompt cells")
     L += ["", "## Per-policy results (medians)", ""]
     hdr = ["profile", "schedule", "set", "policy", "runs"] + [h for _, h in METRICS] + ["tok/s min–max"]
@@ -165,6 +185,14 @@ def write_report(folder: str | Path, plots: bool = True) -> dict[str, Path]:
     for r in rat:
         L.append(f"| {r['profile']} | {r['schedule']} | {r['set']} | {r['policy']} | "
                  f"{_fmt(r.get('vs_fixed'))} | {_fmt(r.get('vs_npdg'))} |")
+    tc = target_check(rat)
+    if tc:
+        L += ["", "## Targets (a benchmark, not a test)", "",
+              "| profile | schedule | set | ratio | measured | target | |", "|---|---|---|---|---|---|---|"]
+        for t in tc:
+            verdict = "met" if t["met"] else f"missed by {t['short_by']:.0%}"
+            L.append(f"| {t['profile']} | {t['schedule']} | {t['set']} | {t['ratio']} | {t['value']:.2f} | "
+                     f"≥ {t['goal']:.1f} | {verdict} |")
     pngs = [p for k, p in files.items() if k not in ("summary", "report")]
     if pngs:
         L += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in pngs]

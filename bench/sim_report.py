@@ -120,6 +120,13 @@ def _write_sim_md(out: Path, res: dict) -> None:
         cells = [f"{r['tok_s'][p] / o:.0%} ({r['tok_s'][p] / ol:.0%})" if o and ol else "–" for p in pols]
         L.append(f"| {r['profile']} | {r['schedule']} | {r['set']} | {o:.3g} | {ol:.3g} ({ol / o:.0%}) | "
                  + " | ".join(cells) + " |")
+    fr = [(r, r["tok_s"]["rapid"] / r["oracle_tok_s"]) for r in res["policies"]
+          if "rapid" in r["tok_s"] and r["oracle_tok_s"]]
+    if fr:
+        worst = min(f for _, f in fr)
+        L.append(f"\nTarget rapid ≥ 0.9 × oracle: rapid reaches {worst:.0%}–{max(f for _, f in fr):.0%} of the oracle; "
+                 + ("met" if worst >= 0.9 else f"missed in {sum(f < 0.9 for _, f in fr)}/{len(fr)} cells, by up to "
+                    f"{(0.9 - worst) / 0.9:.0%}") + ".")
     L += ["", "## Many edges, one batched verifier (batch time = verify(total nodes))", "",
           "| policy | schedule | edges | tok/s per edge | total tok/s | cloud utilisation | mean batch |",
           "|---|---|---|---|---|---|---|"]

@@ -25,3 +25,22 @@ def test_ratios_against_fixed(canned):
     for r in rows:
         assert r["tok_s_min"] <= r["tok_s"] <= r["tok_s_max"] and r["runs"] == 3
         assert r["round_p50_ms"] <= r["round_p95_ms"]
+
+
+def test_target_check_says_met_or_by_how_much():
+    from rapid.bench.report import target_check
+
+    rat = [{"profile": "wan", "schedule": "sustained", "set": "c4", "policy": "rapid", "vs_fixed": 1.17,
+            "vs_npdg": 1.21},
+           {"profile": "wan", "schedule": "none", "set": "c4", "policy": "rapid", "vs_fixed": 1.02},
+           {"profile": "wan", "schedule": "burst:4:4", "set": "c4", "policy": "rapid", "vs_fixed": 0.5}]
+    got = {(t["schedule"], t["ratio"]): t for t in target_check(rat)}
+    assert set(got) == {("sustained", "rapid/fixed"), ("sustained", "rapid/npdg"), ("none", "rapid/fixed")}
+    assert not got[("sustained", "rapid/fixed")]["met"]
+    assert abs(got[("sustained", "rapid/fixed")]["short_by"] - 0.1) < 1e-9  # 1.17 is 10 % short of 1.3
+    assert got[("sustained", "rapid/npdg")]["met"] and got[("none", "rapid/fixed")]["met"]
+
+
+def test_report_lists_the_targets(canned):
+    md = write_report(canned, plots=False)["report"].read_text()
+    assert "## Targets" in md and "rapid/fixed" in md and ("met" in md or "missed by" in md)
