@@ -1,102 +1,31 @@
 """Native KV-cache kernels (engines/kvops) against the numpy reference.
 
-The session fixture builds the libraries with cmake (incrementally, into build/kvops) unless
-RAPID_KVOPS_DIR points at prebuilt ones; everything native is skipped, with the reason, when
-cmake or a C++ compiler is missing. The CUDA path is checked three ways: the library compiled
-(when nvcc exists), the CPU emulation library runs the CUDA planner and kernel bodies against
-the CPU kernels (always), and the real kernels run on a GPU (only where there is one).
+The ``kvops`` session fixture (conftest.py) builds the libraries with cmake (incrementally, into
+build/kvops) unless RAPID_KVOPS_DIR points at prebuilt ones; everything native is skipped, with
+the reason, when cmake or a C++ compiler is missing. The CUDA path is checked in
+test_native_cuda.py.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from kvops_cases import DTYPES, PROPS, gather_case, random_buf, range_case, same_bytes
 
 from rapid.engines import native
 
-DTYPES = (np.float16, np.float32, np.float64)
-PROPS = settings(max_examples=120, deadline=None,
-                 suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-def _cxx_compiler() -> str | None:
-    for c in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if c and shutil.which(c):
-            return c
-    return None
-
-
-def _nvcc() -> str | None:
-    for c in (os.environ.get("CUDACXX"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
-        if c and Path(c).is_file() and os.access(c, os.X_OK):
-            return c
-    return None
-
-
-@pytest.fixture(scope="session")
-def kvops() -> Path:
-    """Folder holding the freshly built (or RAPID_KVOPS_DIR's prebuilt) libraries."""
-    prebuilt = os.environ.get("RAPID_KVOPS_DIR")
-    if prebuilt:
-        native.reload()
-        if not native.cpu_available():
-            pytest.fail(f"RAPID_KVOPS_DIR={prebuilt}: {native.cpu_status()}")
-        return Path(prebuilt)
-    if shutil.which("cmake") is None:
-        pytest.skip("cmake not found on PATH: cannot build the native KV kernels")
-    if _cxx_compiler() is None:
-        pytest.skip("no C++ compiler (c++/g++/clang++) found: cannot build the native KV kernels")
-    out = native.build()  # incremental: a no-op when up to date
-    assert native.cpu_available(), native.cpu_status()
-    return out
-
-
-@pytest.fixture(scope="session")
-def emu(kvops):
-    try:
-        return native.cuda_ops(emulation=True)
-    except RuntimeError as e:
-        pytest.skip(f"CUDA emulation library not built: {e}")
-
-
 # ------------------------------------------------------------------------------ helpers --
-
-def random_buf(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-    """Arbitrary bit patterns (NaNs, infs, subnormals included): the kernels move bytes."""
-    dt = np.dtype(dtype)
-    bits = rng.integers(0, 256, size=int(np.prod(shape)) * dt.itemsize, dtype=np.uint8)
-    return bits.view(dt).reshape(shape)
-
-
-def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and a.tobytes() == b.tobytes()
-
 
 def naive_gather(buf: np.ndarray, src, dst, axis: int = -2) -> None:
     """The documented semantics, literally: one move after another."""
     v = np.moveaxis(buf, axis, 0)
     for s, d in zip(src, dst, strict=True):
         v[d] = v[s].copy()
-
-
-@st.composite
-def gather_case(draw, max_n: int = 40):
-    dtype = draw(st.sampled_from(DTYPES))
-    lead = draw(st.lists(st.integers(1, 4), min_size=0, max_size=2))
-    cap = draw(st.integers(1, 40))
-    trail = draw(st.lists(st.integers(1, 9), min_size=1, max_size=2))
-    shape = (*lead, cap, *trail)
-    axis = len(lead) - len(shape)  # the sequence axis, counted from the end
-    n = draw(st.integers(0, max_n))
-    idx = st.lists(st.integers(0, cap - 1), min_size=n, max_size=n)
-    return dtype, shape, axis, draw(idx), draw(idx), draw(st.integers(0, 2**32 - 1))
 
 
 @st.composite
@@ -238,18 +167,6 @@ def test_gather_accepts_other_2_byte_types(kvops):
     assert same_bytes(bits, want)
 
 
-@st.composite
-def range_case(draw):
-    dtype = draw(st.sampled_from(DTYPES))
-    outer = draw(st.integers(1, 5))
-    inner = draw(st.integers(1, 9))
-    scap = draw(st.integers(1, 40))
-    dcap = draw(st.integers(1, 40))
-    n = draw(st.integers(0, min(scap, dcap)))
-    ss = draw(st.integers(0, scap - n))
-    ds = draw(st.integers(0, dcap - n))
-    return dtype, outer, inner, scap, dcap, ss, ds, n, draw(st.integers(0, 2**32 - 1))
-
 
 @given(case=range_case())
 @PROPS
@@ -390,80 +307,6 @@ def test_build_without_cmake(monkeypatch, tmp_path):
     with pytest.raises(native.KVOpsBuildError, match="cmake not found"):
         native.build(build_dir=tmp_path)
 
-
-# ---------------------------------------------------------------------------------- CUDA --
-
-def test_cuda_library_compiled(kvops):
-    nvcc = _nvcc()
-    if nvcc is None:
-        pytest.skip("nvcc not found: the CUDA library is not built here")
-    path = kvops / native._lib_filename(native.CUDA_LIB)
-    if os.environ.get("RAPID_KVOPS_DIR") and not path.is_file():
-        pytest.skip(f"prebuilt RAPID_KVOPS_DIR has no CUDA library ({path})")
-    assert path.is_file(), f"nvcc ({nvcc}) exists but {path} was not built"
-    # Loading needs only cudart; a missing driver shows up in the status, not as a failure.
-    status = native.cuda_status()
-    assert native.cuda_built(), status
-
-
-def test_cuda_emulation_selftest(emu):
-    assert emu.emulation
-    msg = native.selftest_cuda(emulation=True)
-    assert msg.startswith("ok:"), msg
-
-
-@given(case=gather_case(max_n=60))
-@PROPS
-def test_cuda_emulation_gather_matches_cpu(emu, case):
-    dtype, shape, axis, src, dst, seed = case
-    buf = random_buf(np.random.default_rng(seed), shape, dtype)
-    want = buf.copy()
-    native.gather_rows(want, src, dst, axis, backend="native")
-    outer, cap, inner = native._layout(buf, axis)
-    emu.gather(buf.ctypes.data, outer, cap, inner, dtype, src, dst)
-    assert same_bytes(buf, want)
-
-
-@given(case=range_case())
-@PROPS
-def test_cuda_emulation_copy_range_matches_cpu(emu, case):
-    dtype, outer, inner, scap, dcap, ss, ds, n, seed = case
-    rng = np.random.default_rng(seed)
-    src = random_buf(rng, (outer, scap, inner), dtype)
-    dst = random_buf(rng, (outer, dcap, inner), dtype)
-    want = dst.copy()
-    native.copy_range(src, want, ss, ds, n, backend="native")
-    emu.copy_range(src.ctypes.data, dst.ctypes.data, outer, scap, dcap, inner, dtype, ss, ds, n)
-    assert same_bytes(dst, want)
-    # in place, overlapping
-    m = min(n, scap - ss)
-    d2 = min(ds, scap - m)
-    want = src.copy()
-    native.copy_range(want, want, ss, d2, m, backend="native")
-    emu.copy_range(src.ctypes.data, src.ctypes.data, outer, scap, scap, inner, dtype, ss, d2, m)
-    assert same_bytes(src, want)
-
-
-def test_cuda_emulation_errors(emu):
-    buf = np.zeros((2, 6, 2), np.float32)
-    before = buf.copy()
-    with pytest.raises(ValueError, match="index out of range"):
-        emu.gather(buf.ctypes.data, 2, 6, 2, np.float32, [0, 6], [1, 2])
-    with pytest.raises(ValueError, match="index out of range"):
-        emu.copy_range(buf.ctypes.data, buf.ctypes.data, 2, 6, 6, 2, np.float32, 4, 0, 3)
-    assert same_bytes(buf, before)
-    with pytest.raises(ValueError, match="dtype"):
-        emu.gather(buf.ctypes.data, 2, 6, 2, np.int8, [0], [1])
-
-
-@pytest.mark.gpu
-def test_cuda_kernels_on_gpu(kvops):
-    if not native.cuda_built():
-        pytest.skip(f"CUDA library not available: {native.cuda_status()}")
-    if native.cuda_device_count() == 0:
-        pytest.skip(f"no CUDA driver/GPU ({native.cuda_status()})")
-    msg = native.selftest_cuda()
-    assert msg.startswith("ok:"), msg
 
 
 def test_ctypes_signatures_are_bound(kvops):
