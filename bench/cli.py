@@ -9,8 +9,8 @@ from pathlib import Path
 
 QUICK = dict(policies="fixed,rapid", sets="c4", n_prompts=1, token_budget=32, max_new=10,
              schedules="none,sustained", profiles="wan", repeats=3)
-# the default run: ~20 min on the default pair, 2 cores (36 generations + 3 warm-ups)
-DEFAULT = dict(policies="fixed,npdg,rapid", sets="c4,oasst", n_prompts=1, token_budget=64, max_new=20,
+# the default run: ~20 min on the default pair, 2 cores (36 generations of ~33 s + 2 warm-ups)
+DEFAULT = dict(policies="fixed,npdg,rapid", sets="c4,oasst", n_prompts=1, token_budget=64, max_new=16,
                schedules="none,sustained", profiles="wan", repeats=3)
 SMOKE = dict(policies="fixed,npdg,rapid", sets="c4", n_prompts=1, token_budget=32, max_new=24,
              schedules="none,sustained", profiles="lan", repeats=3)
@@ -34,7 +34,7 @@ def bench_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sets", help="comma list of set names (default c4,oasst)")
     ap.add_argument("--n-prompts", type=int, help="prompts per set (default 1)")
     ap.add_argument("--token-budget", type=int, help="prompt tokens kept, the last ones (default 64)")
-    ap.add_argument("--max-tokens", type=int, help="new tokens per generation (default 20)")
+    ap.add_argument("--max-tokens", type=int, help="new tokens per generation (default 16)")
     ap.add_argument("--contention", help="comma list: none, sustained[:I], burst:ON:OFF[:I] "
                     "(default none,sustained)")
     ap.add_argument("--profiles", help="comma list: local, lan, wan, cellular (default wan)")

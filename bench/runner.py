@@ -191,7 +191,9 @@ def run_bench(cfg: BenchConfig) -> Path:
                 first = next(iter(encoded.values()))[0][1]
                 ccfg = CoordinatorConfig(depth=cfg.depth)
                 ctrls = {p.name: controller_for(p, ccfg) for p in policies} if cfg.carry_controller else {}
-                for pol in (policies if cfg.carry_controller else policies[:1]):
+                # one warm-up per policy whose depth reacts to the baseline (plus the first policy)
+                warm = [p for i, p in enumerate(policies) if i == 0 or (cfg.carry_controller and p.adaptive_depth)]
+                for pol in warm:
                     _warm = Drafter(edge.engine, tree, edge.stop_ids)
                     asyncio.run(Coordinator(_warm, CloudLink(url), pol, ccfg, controller=ctrls.get(pol.name))
                                 .generate(first, 8 if cfg.carry_controller else 2, sampling))
