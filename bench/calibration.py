@@ -124,14 +124,8 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
           for r in rounds if r.get("cloud_s", 0) > 0]
     if ov:
         cal.overhead_s = max(0.0, statistics.median(ov))
-    st = []
     by_run = _group_runs(rounds)
-    for r in runs:
-        rs = by_run.get(_run_key(r), [])
-        if rs:
-            st.append(max(0.0, r["wall_s"] - sum(x["t_end"] - x["t_start"] for x in rs)))
-    if st:
-        cal.startup_s = statistics.median(st)
+    cal.startup_s = _startup(runs, by_run)
     nd: dict[int, list[int]] = defaultdict(list)
     for r in rounds:
         if r.get("depth", 0) > 0 and r.get("tree_nodes", 0) > 0:
@@ -143,6 +137,24 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
     cal.cut_continue = _cut_model(rounds)
     cal.source = ", ".join(sorted({str(r.get("profile")) for r in runs}))
     return cal
+
+
+def fit_prompt_set(cal: Calibration, rounds: list[dict], runs: list[dict], seed: int = 0) -> Calibration:
+    """Refit what depends on the prompts from one prompt set's traces: the acceptance replay,
+    the start-up (cloud prefill) and the draft prefill (both grow with the prompt's length);
+    the device and network timing stays; returns ``cal``."""
+    by_run = _group_runs(rounds)
+    fit_acceptance(cal, rounds, seed)
+    cal.startup_s = _startup(runs, by_run) if runs else cal.startup_s
+    cal.prefill_s = _prefill(rounds, by_run) or cal.prefill_s
+    return cal
+
+
+def _startup(runs: list[dict], by_run: dict[tuple, list[dict]]) -> float:
+    """Median per-generation time outside the rounds: connect + the cloud's prompt prefill."""
+    st = [max(0.0, r["wall_s"] - sum(x["t_end"] - x["t_start"] for x in by_run[_run_key(r)]))
+          for r in runs if by_run.get(_run_key(r))]
+    return statistics.median(st) if st else 0.0
 
 
 def fit_acceptance(cal: Calibration, rounds: list[dict], seed: int = 0) -> Calibration:

@@ -9,7 +9,7 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from rapid.bench.calibration import calibrate, fit_acceptance, load_traces
+from rapid.bench.calibration import calibrate, fit_prompt_set, load_traces
 from rapid.bench.contention import Schedule, parse_schedule
 from rapid.bench.netem import get_profile
 from rapid.bench.sim import ORACLE, ORACLE_LOAD, sim_tok_s, simulate
@@ -36,9 +36,11 @@ def run_sim_cli(a) -> int:
     def sch(n):
         return sched_of.get(n) or parse_schedule(n)
 
-    # acceptance differs by prompt set: each set replays its own traces (timing model shared)
+    # acceptance and prompt length differ by prompt set: each set replays its own traces
+    # (acceptance, start-up, draft prefill); the device/network timing model is shared
     sets = sorted({str(r.get("set")) for r in runs})
-    cal_of = {st: fit_acceptance(replace(cal), [r for r in rounds if str(r.get("set")) == st]) for st in sets}
+    cal_of = {st: fit_prompt_set(replace(cal), [r for r in rounds if str(r.get("set")) == st],
+                                 [r for r in runs if str(r.get("set")) == st]) for st in sets}
     # 1. validation on the settings that were run for real
     measured = {(r["profile"], r["schedule"], r["set"], r["policy"]): r["tok_s"] for r in aggregate(runs)}
     val = []
@@ -99,7 +101,8 @@ def _write_sim_md(out: Path, res: dict) -> None:
                                           "not traced (edgellm then drafts to its planned depth)"),
          "- policies: the runtime's `POLICIES` objects and the controller `Coordinator` builds (CAAC/FixedDepth)",
          "", "## Validation: simulated vs measured throughput (same settings, same tokens per generation)", "",
-         "Each prompt set replays its own acceptance traces; the timing model is shared.", "",
+         "Each prompt set replays its own traces for what depends on the prompt (acceptance, start-up, draft "
+         "prefill); the device and network timing model is shared.", "",
          "| profile | schedule | set | policy | measured tok/s | simulated tok/s | error |",
          "|---|---|---|---|---|---|---|"]
     for v in res["validation"]:

@@ -133,3 +133,15 @@ def test_prefill_and_warm_controller_are_modelled(cal):
     e = sim._Edge(0, pol, replace(cal, warm_controller=True), s, p, 16, 0, 0.0, False, sim.CoordinatorConfig())
     snap = e.ctrl.snapshot()
     assert snap["steps"] >= e.ctrl.config.n_warmup and snap["rounds"] == 0
+
+
+def test_prompt_set_refit_takes_that_sets_startup(canned, cal):
+    from dataclasses import replace
+
+    from rapid.bench.calibration import fit_prompt_set
+
+    rounds, runs, _ = sim.load_traces([canned])
+    longer = [dict(r, wall_s=r["wall_s"] + 5.0) for r in runs]  # e.g. a longer prompt to prefill
+    refit = fit_prompt_set(replace(cal), rounds, longer)
+    assert refit.startup_s == pytest.approx(cal.startup_s + 5.0, abs=1e-9)
+    assert refit.step_s == cal.step_s and refit.verify_b == cal.verify_b  # device timing untouched
