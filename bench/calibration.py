@@ -24,6 +24,7 @@ class Calibration:
     verify_a: float = 0.05  # verify seconds = verify_a + verify_b * nodes (batch: total nodes)
     verify_b: float = 0.005
     gpu_profile: tuple[list[float], list[float]] | None = None  # (nodes, seconds), interpolated
+    verify_table: tuple[list[float], list[float]] | None = None  # traced medians by node count, interpolated
     overhead_s: float = 0.002  # transport/framing per round, beyond verify and the profile RTT
     startup_s: float = 0.0  # per generation: connect + cloud prefill (wall - sum of rounds)
     prefill_s: float = 0.0  # draft prefill inside the first round (uncontended; contention scales it)
@@ -37,6 +38,9 @@ class Calibration:
     hits_by_policy: dict[str, tuple[float, float]] = field(default_factory=dict)  # (full, part) where traced
     depth: int = 4
     nodes_by_depth: dict[int, float] = field(default_factory=dict)
+    # per policy: median tree nodes by the levels actually in the tree (a cut tree is shallower
+    # than planned; a kept chain branch adds one node per level)
+    nodes_by_policy: dict[str, dict[int, float]] = field(default_factory=dict)
     budget: int = 8
     source: str = ""
 
@@ -44,11 +48,16 @@ class Calibration:
         if self.gpu_profile is not None:
             xs, ys = self.gpu_profile
             return _interp(nodes, xs, ys)
+        if self.verify_table is not None:  # the measured curve (CPU verify is concave in nodes)
+            xs, ys = self.verify_table
+            return max(1e-4, _interp(nodes, xs, ys))
         return max(1e-4, self.verify_a + self.verify_b * nodes)
 
-    def nodes(self, depth: int) -> float:
+    def nodes(self, depth: int, policy: str | None = None) -> float:
         if depth <= 0:
             return 0.0
+        if depth in self.nodes_by_policy.get(policy or "", {}):
+            return self.nodes_by_policy[policy][depth]
         if depth in self.nodes_by_depth:
             return self.nodes_by_depth[depth]
         return float(min(self.budget, 2 * depth))
@@ -59,6 +68,7 @@ class Calibration:
         d["step_samples"] = len(self.step_s)
         d["match_bits"] = len(self.match_bits)
         d["nodes_by_depth"] = {str(k): v for k, v in self.nodes_by_depth.items()}
+        d["nodes_by_policy"] = {p: {str(k): v for k, v in t.items()} for p, t in self.nodes_by_policy.items()}
         return d
 
 
@@ -116,6 +126,12 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
     vy = [r["verify_s"] for r in rounds if r.get("verify_s", 0) > 0]
     if vx:
         cal.verify_a, cal.verify_b = _linfit(vx, vy)
+        by_n: dict[float, list[float]] = defaultdict(list)
+        for x, y in zip(vx, vy, strict=True):
+            by_n[x].append(y)
+        pts = sorted((x, statistics.median(ys)) for x, ys in by_n.items() if len(ys) >= 3)
+        if len(pts) >= 2:
+            cal.verify_table = ([float(x) for x, _ in pts], [y for _, y in pts])
     if gpu_profile:
         g = json.loads(Path(gpu_profile).read_text())
         pairs = sorted(zip(g["nodes"], g["seconds"], strict=True))
@@ -131,6 +147,7 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
         if r.get("depth", 0) > 0 and r.get("tree_nodes", 0) > 0:
             nd[r["depth"]].append(r["tree_nodes"])
     cal.nodes_by_depth = {d: statistics.median(v) for d, v in nd.items()}
+    cal.nodes_by_policy = _nodes_by_policy(by_run)
     fit_acceptance(cal, rounds, seed)
     cal.prefill_s = _prefill(rounds, by_run)
     cal.warm_controller = str(meta.get("controller", "")).startswith("carried")
@@ -148,6 +165,19 @@ def fit_prompt_set(cal: Calibration, rounds: list[dict], runs: list[dict], seed:
     cal.startup_s = _startup(runs, by_run) if runs else cal.startup_s
     cal.prefill_s = _prefill(rounds, by_run) or cal.prefill_s
     return cal
+
+
+def _nodes_by_policy(by_run: dict[tuple, list[dict]]) -> dict[str, dict[int, float]]:
+    """Median tree nodes by levels in the tree (drafted steps + levels kept from the branch)."""
+    acc: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for rs in by_run.values():
+        prev_reused = 0
+        for r in sorted(rs, key=lambda x: x["round"]):
+            levels = r.get("draft_steps", 0) + prev_reused
+            if levels > 0 and r.get("tree_nodes", 0) > 0:
+                acc[str(r.get("policy"))][levels].append(r["tree_nodes"])
+            prev_reused = r.get("reused_depth", 0)
+    return {p: {lv: statistics.median(v) for lv, v in t.items() if len(v) >= 3} for p, t in acc.items()}
 
 
 def _startup(runs: list[dict], by_run: dict[tuple, list[dict]]) -> float:

@@ -131,7 +131,7 @@ class _Edge:
 
         def rate(d: int) -> float:
             gain = 1 + sum(p ** k for k in range(1, d + 1))
-            return gain / (max(0, d - self.reused) * s + self.cal.verify(self.cal.nodes(d)) + rtt)
+            return gain / (max(0, d - self.reused) * s + self.cal.verify(self.cal.nodes(d, self.policy.name)) + rtt)
 
         return max(range(1, max(1, maxd) + 1), key=rate)
 
@@ -144,7 +144,7 @@ class _Edge:
         rtt = self.prof.rtt_ms / 1000 + self.cal.overhead_s
 
         def rate(d: int) -> float:
-            return (d + 1) / (max(0, d - self.reused) * s + self.cal.verify(self.cal.nodes(d)) + rtt)
+            return (d + 1) / (max(0, d - self.reused) * s + self.cal.verify(self.cal.nodes(d, self.policy.name)) + rtt)
 
         return max(range(r + 1), key=rate)
 
@@ -228,7 +228,7 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
                     depth = e.reused + steps
                     break
             e.res.draft_steps += steps
-            nodes = e.cal.nodes(depth)
+            nodes = e.cal.nodes(depth, e.policy.name)
             up = e.prof.sample_rtt_s(e.rng) / 2
             pending[idx] = {"depth": depth, "t_send": t, "t_start": now}
             push(t + up, "arrive", idx, nodes)
@@ -252,13 +252,16 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
                 else:
                     want = e.ctrl.config.max_depth
                 t, steps, stopped = t_send, 0, None
+                # a tree step feeds tokens_per_step tokens, a chain step one: time = tau · tokens
+                tps = max(1, round(e.cal.tokens_per_step))
+                per_step = 1 if pol.chain_branch else tps
                 while steps < want:
                     if pol.interruptible and t >= t_arr:
                         break
-                    d = e.step_time(t)
+                    d = e.step_time(t) * per_step / tps
                     t += d
                     steps += 1
-                    e.ctrl.observe_step(d, max(1, round(e.cal.tokens_per_step)))
+                    e.ctrl.observe_step(d, per_step)
                     if pol.interruptible and t >= t_arr:
                         stopped = steps
                         break

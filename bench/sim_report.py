@@ -90,7 +90,11 @@ def _write_sim_md(out: Path, res: dict) -> None:
          f"- calibrated from {res['traces']}" + (" + GPU profile" if c.get("gpu_profile") else ""),
          f"- edge step (uncontended median) {c['step_s_median']:.4g} s over {c['step_samples']} rounds; contention "
          f"slowdown ×{c['slowdown']:.2f} at intensity {c['cal_intensity']:g}",
-         f"- verify(nodes) = {c['verify_a']:.4g} + {c['verify_b']:.4g}·nodes s; transport overhead "
+         f"- verify(nodes) = {c['verify_a']:.4g} + {c['verify_b']:.4g}·nodes s (least squares)"
+         + (", used as the medians at " + ", ".join(f"{int(x)}: {y:.3g} s" for x, y in zip(*c["verify_table"],
+                                                                                            strict=True))
+            + " nodes, interpolated" if c.get("verify_table") and not c.get("gpu_profile") else "")
+         + f"; transport overhead "
          f"{c['overhead_s'] * 1000:.1f} ms/round; start-up {c['startup_s']:.2f} s/generation",
          f"- acceptance replay: {c['match_bits']} positions, per-token acceptance {c['p_accept']:.2f}; proactive hit "
          f"rate {c['p_hit_full']:.2f} (fully accepted) / {c['p_hit_part']:.2f} (partly)",

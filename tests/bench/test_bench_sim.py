@@ -145,3 +145,16 @@ def test_prompt_set_refit_takes_that_sets_startup(canned, cal):
     refit = fit_prompt_set(replace(cal), rounds, longer)
     assert refit.startup_s == pytest.approx(cal.startup_s + 5.0, abs=1e-9)
     assert refit.step_s == cal.step_s and refit.verify_b == cal.verify_b  # device timing untouched
+
+
+def test_chain_branch_steps_cost_one_token(cal):
+    """tau x tokens: a width-1 branch step costs 1/tokens_per_step of a tree step."""
+    from dataclasses import replace
+
+    s, p = parse_schedule("none"), get_profile("wan")
+    chain = policies.POLICIES["edgellm"]
+    tree = replace(chain, chain_branch=False)
+    c = replace(cal, cut_continue=None)
+    a = sim.simulate(chain, c, s, p, tokens=64, seed=0)["edges"][0]
+    b = sim.simulate(tree, c, s, p, tokens=64, seed=0)["edges"][0]
+    assert cal.tokens_per_step == 2 and a.wall_s < b.wall_s
