@@ -165,7 +165,9 @@ def write_report(folder: str | Path, plots: bool = True) -> dict[str, Path]:
                  "(`VerifierServer.answer_delay`); no netem (reason: "
                  f"{meta.get('net_fallback_reason') or 'n/a'}); rate limits are not emulated")
     L.append(f"- profiles: {meta.get('profiles')}")
-    L.append(f"- contention: real co-running load process (numpy matmul busy loop) pinned to the edge's core "
+    kind = ("torch fp16 matmuls on the edge's GPU" if meta.get("load_device") == "cuda"
+            else "numpy matmul busy loop")
+    L.append(f"- contention: real co-running load process ({kind}) pinned to the edge's core "
              f"{meta.get('edge_cpus')} (edge pinned there too: {meta.get('pinned')}); cloud pinned to core "
              f"{meta.get('cloud_cpu')}; schedules {list(meta.get('schedules', {}))}, restarted at each generation")
     L.append(f"- edge engine device {meta.get('edge_device', '?')}; contention load on {meta.get('load_device', 'cpu')}; "
