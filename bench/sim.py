@@ -16,9 +16,10 @@ objects, and the depth controller is the one ``rapid.runtime.coordinator.Coordin
 (``CAAC`` / ``FixedDepth`` of ``rapid.runtime.caac``), fed through ``observe_step`` /
 ``observe_round`` / ``next_depth`` in the coordinator's order.
 
-The oracle knows the future match string, the hits and the contention: it drafts exactly the
-tokens that will be accepted (or nothing when drafting costs more than it saves), expands a
-proactive branch only when it will be kept, and stops it the moment the verdict lands.
+The oracle knows the future match string, the hits and the contention: knowing the path, it
+drafts a chain (one token per step, one node per level) of the depth, up to the run that will be
+accepted, with the best tokens per second for the round (or nothing), expands a proactive chain
+only when it will be kept, and stops it the moment the verdict lands.
 """
 
 from __future__ import annotations
@@ -137,14 +138,15 @@ class _Edge:
 
     def oracle_depth(self, t: float) -> int:
         """The depth d in 0..r (r = the future accepted run) with the best tokens per second
-        for this round: (d + 1) / ((d - reused)·step + verify(nodes(d)) + RTT)."""
+        for this round: (d + 1) / ((d - reused)·step₁ + verify(d) + RTT). Knowing the path, it
+        drafts a chain: one token per step (step₁ = tau) and d nodes."""
         maxd = self.ctrl.config.max_depth
         r = self.run_len(self.pos, min(maxd, self.target - self.pos))
-        s = self.mean_step(t)
+        s = self.mean_step(t) / max(1, round(self.cal.tokens_per_step))
         rtt = self.prof.rtt_ms / 1000 + self.cal.overhead_s
 
         def rate(d: int) -> float:
-            return (d + 1) / (max(0, d - self.reused) * s + self.cal.verify(self.cal.nodes(d, self.policy.name)) + rtt)
+            return (d + 1) / (max(0, d - self.reused) * s + self.cal.verify(d) + rtt)
 
         return max(range(r + 1), key=rate)
 
@@ -219,8 +221,9 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
                 e.prefill = 0.0
             planned = max(0, depth - e.reused) if depth > 0 else 0
             steps = 0
+            tps = max(1, round(e.cal.tokens_per_step))
             while steps < planned:
-                d = e.step_time(t)
+                d = e.step_time(t) / (tps if e.oracle else 1)  # the oracle drafts a chain
                 t += d
                 steps += 1
                 e.ctrl.observe_step(d, max(1, round(e.cal.tokens_per_step)))
@@ -228,7 +231,7 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
                     depth = e.reused + steps
                     break
             e.res.draft_steps += steps
-            nodes = e.cal.nodes(depth, e.policy.name)
+            nodes = float(depth) if e.oracle else e.cal.nodes(depth, e.policy.name)
             up = e.prof.sample_rtt_s(e.rng) / 2
             pending[idx] = {"depth": depth, "t_send": t, "t_start": now}
             push(t + up, "arrive", idx, nodes)
@@ -254,7 +257,7 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
                 t, steps, stopped = t_send, 0, None
                 # a tree step feeds tokens_per_step tokens, a chain step one: time = tau · tokens
                 tps = max(1, round(e.cal.tokens_per_step))
-                per_step = 1 if pol.chain_branch else tps
+                per_step = 1 if pol.chain_branch or e.oracle else tps
                 while steps < want:
                     if pol.interruptible and t >= t_arr:
                         break
