@@ -122,24 +122,11 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
     if free and busy:
         cal.slowdown = max(1.0, statistics.median(busy) / statistics.median(free))
         cal.cal_intensity = statistics.median(busy_int)
-    vx = [r["tree_nodes"] for r in rounds if r.get("verify_s", 0) > 0]
-    vy = [r["verify_s"] for r in rounds if r.get("verify_s", 0) > 0]
-    if vx:
-        cal.verify_a, cal.verify_b = _linfit(vx, vy)
-        by_n: dict[float, list[float]] = defaultdict(list)
-        for x, y in zip(vx, vy, strict=True):
-            by_n[x].append(y)
-        pts = sorted((x, statistics.median(ys)) for x, ys in by_n.items() if len(ys) >= 3)
-        if len(pts) >= 2:
-            cal.verify_table = ([float(x) for x, _ in pts], [y for _, y in pts])
+    fit_cloud(cal, rounds, profiles)
     if gpu_profile:
         g = json.loads(Path(gpu_profile).read_text())
         pairs = sorted(zip(g["nodes"], g["seconds"], strict=True))
         cal.gpu_profile = ([float(a) for a, _ in pairs], [float(b) for _, b in pairs])
-    ov = [r["cloud_s"] - r["verify_s"] - profiles.get(r.get("profile"), {}).get("rtt_ms", 0.0) / 1000
-          for r in rounds if r.get("cloud_s", 0) > 0]
-    if ov:
-        cal.overhead_s = max(0.0, statistics.median(ov))
     by_run = _group_runs(rounds)
     cal.startup_s = _startup(runs, by_run)
     nd: dict[int, list[int]] = defaultdict(list)
@@ -153,6 +140,25 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
     cal.warm_controller = str(meta.get("controller", "")).startswith("carried")
     cal.cut_continue = _cut_model(rounds)
     cal.source = ", ".join(sorted({str(r.get("profile")) for r in runs}))
+    return cal
+
+
+def fit_cloud(cal: Calibration, rounds: list[dict], profiles: dict) -> Calibration:
+    """Refit the cloud side from ``rounds``: verify time by tree nodes (least-squares line and
+    the medians per node count) and the transport overhead beyond the profile's RTT."""
+    vx = [r["tree_nodes"] for r in rounds if r.get("verify_s", 0) > 0]
+    vy = [r["verify_s"] for r in rounds if r.get("verify_s", 0) > 0]
+    if vx:
+        cal.verify_a, cal.verify_b = _linfit(vx, vy)
+        by_n: dict[float, list[float]] = defaultdict(list)
+        for x, y in zip(vx, vy, strict=True):
+            by_n[x].append(y)
+        pts = sorted((x, statistics.median(ys)) for x, ys in by_n.items() if len(ys) >= 3)
+        cal.verify_table = ([float(x) for x, _ in pts], [y for _, y in pts]) if len(pts) >= 2 else None
+    ov = [r["cloud_s"] - r["verify_s"] - profiles.get(r.get("profile"), {}).get("rtt_ms", 0.0) / 1000
+          for r in rounds if r.get("cloud_s", 0) > 0]
+    if ov:
+        cal.overhead_s = max(0.0, statistics.median(ov))
     return cal
 
 
