@@ -21,6 +21,8 @@ class Calibration:
     step_s: list[float]  # uncontended per-step seconds (samples)
     slowdown: float = 2.0  # contended / uncontended median step time at intensity cal_intensity
     cal_intensity: float = 1.0
+    # per traced schedule (name): the slowdown of steps in rounds that ran wholly under its load
+    slowdown_by_schedule: dict[str, float] = field(default_factory=dict)
     verify_a: float = 0.05  # verify seconds = verify_a + verify_b * nodes (batch: total nodes)
     verify_b: float = 0.005
     gpu_profile: tuple[list[float], list[float]] | None = None  # (nodes, seconds), interpolated
@@ -122,6 +124,13 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
     if free and busy:
         cal.slowdown = max(1.0, statistics.median(busy) / statistics.median(free))
         cal.cal_intensity = statistics.median(busy_int)
+        full: dict[str, list[float]] = defaultdict(list)
+        for r in rounds:
+            if r.get("draft_steps", 0) > 0 and r.get("round", 0) > 0 and r.get("load", 0.0) >= 0.999 * \
+                    _sched_intensity(scheds, r.get("schedule")):
+                full[str(r.get("schedule"))].append(r["draft_s"] / r["draft_steps"])
+        cal.slowdown_by_schedule = {k: max(1.0, statistics.median(v) / statistics.median(free))
+                                    for k, v in full.items() if len(v) >= 10}
     fit_cloud(cal, rounds, profiles)
     if gpu_profile:
         g = json.loads(Path(gpu_profile).read_text())

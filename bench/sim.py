@@ -104,6 +104,9 @@ class _Edge:
         s = self.sched
         if not s.active(t - self.t0 + self.phase):
             return 1.0
+        slow = self.cal.slowdown_by_schedule.get(s.name)
+        if slow is not None:  # measured under this very schedule
+            return slow
         return 1.0 + (self.cal.slowdown - 1.0) * s.intensity / max(self.cal.cal_intensity, 1e-9)
 
     def step_time(self, t: float) -> float:

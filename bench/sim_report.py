@@ -103,7 +103,9 @@ def _write_sim_md(out: Path, res: dict) -> None:
     L = ["# rapid sim report", "",
          f"- calibrated from {res['traces']}" + (" + GPU profile" if c.get("gpu_profile") else ""),
          f"- edge step (uncontended median) {c['step_s_median']:.4g} s over {c['step_samples']} rounds; contention "
-         f"slowdown ×{c['slowdown']:.2f} at intensity {c['cal_intensity']:g}",
+         f"slowdown ×{c['slowdown']:.2f} at intensity {c['cal_intensity']:g}"
+         + (" (per traced schedule: " + ", ".join(f"{k} ×{v:.2f}" for k, v in c["slowdown_by_schedule"].items())
+            + ")" if c.get("slowdown_by_schedule") else ""),
          f"- verify(nodes) = {c['verify_a']:.4g} + {c['verify_b']:.4g}·nodes s (least squares)"
          + (", used as the medians at " + ", ".join(f"{int(x)}: {y:.3g} s" for x, y in zip(*c["verify_table"],
                                                                                             strict=True))

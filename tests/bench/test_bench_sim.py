@@ -129,7 +129,9 @@ def test_prefill_and_warm_controller_are_modelled(cal):
     pol = policies.POLICIES["rapid"]
     base = sim.simulate(pol, replace(cal, prefill_s=0.0), s, p, tokens=48, seed=0)["edges"][0]
     slow = sim.simulate(pol, replace(cal, prefill_s=1.0), s, p, tokens=48, seed=0)["edges"][0]
-    assert slow.wall_s == pytest.approx(base.wall_s + 1.0 * cal.slowdown, rel=1e-6)  # scaled by contention
+    factor = cal.slowdown_by_schedule.get("sustained", cal.slowdown)  # measured under that schedule
+    assert "sustained" in cal.slowdown_by_schedule and factor == pytest.approx(2.0, rel=0.15)
+    assert slow.wall_s == pytest.approx(base.wall_s + 1.0 * factor, rel=1e-6)  # scaled by contention
     e = sim._Edge(0, pol, replace(cal, warm_controller=True), s, p, 16, 0, 0.0, False, sim.CoordinatorConfig())
     snap = e.ctrl.snapshot()
     assert snap["steps"] >= e.ctrl.config.n_warmup and snap["rounds"] == 0
