@@ -7,10 +7,10 @@ import sys
 import time
 from pathlib import Path
 
-# ~2-3 min on the default pair: the sustained-load comparison only, short prompts and outputs
+# 4 min on the default pair (2 cores): the sustained-load comparison only, short prompts and outputs
 QUICK = dict(policies="fixed,rapid", sets="c4", n_prompts=1, token_budget=32, max_new=8,
              schedules="sustained", profiles="wan", repeats=3)
-# the default run: ~20 min on the default pair, 2 cores (36 generations of ~33 s + 2 warm-ups)
+# the default run: 22 min on the default pair, 2 cores (36 generations + 2 warm-ups)
 DEFAULT = dict(policies="fixed,npdg,rapid", sets="c4,oasst", n_prompts=1, token_budget=64, max_new=16,
                schedules="none,sustained", profiles="wan", repeats=3)
 SMOKE = dict(policies="fixed,npdg,rapid", sets="c4", n_prompts=1, token_budget=32, max_new=24,
@@ -25,7 +25,7 @@ def bench_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rapid bench", description="real-run benchmark of drafting policies "
                                  "(edge in this process, cloud in a subprocess, over the websocket)")
     ap.add_argument("--out", help="output folder (default bench-out/<timestamp>)")
-    ap.add_argument("--quick", action="store_true", help="~2-3 min: c4, 1 prompt, fixed vs rapid under sustained load, 8 tokens, wan")
+    ap.add_argument("--quick", action="store_true", help="~4 min: c4, 1 prompt, fixed vs rapid under sustained load, 8 tokens, wan")
     ap.add_argument("--smoke", action="store_true", help="tiny random models, < 60 s (tests)")
     ap.add_argument("--draft", default="default-draft")
     ap.add_argument("--target", default="default-target")
