@@ -55,6 +55,11 @@ class Calibration:
             return max(1e-4, _interp(nodes, xs, ys))
         return max(1e-4, self.verify_a + self.verify_b * nodes)
 
+    @property
+    def step_tokens(self) -> int:
+        """Tokens one tree expansion step feeds (the tree's width; at least 1)."""
+        return max(1, round(self.tokens_per_step))
+
     def nodes(self, depth: int, policy: str | None = None) -> float:
         if depth <= 0:
             return 0.0
@@ -219,24 +224,20 @@ def fit_acceptance(cal: Calibration, rounds: list[dict], seed: int = 0) -> Calib
             bits += [1] * a
             bits.append(0 if a < r["depth"] else int(rng.random() < cal.p_accept))
     cal.match_bits = bits or [1, 1, 0]
-    full = [bool(r["proactive_hit"]) for r in rounds
-            if r.get("proactive_hit") is not None and r["accepted"] >= r["depth"]]
-    part = [bool(r["proactive_hit"]) for r in rounds
-            if r.get("proactive_hit") is not None and r["accepted"] < r["depth"]]
-    cal.p_hit_full, cal.p_hit_part = _hit_rates(full, part, 0.3)
+    branched = [r for r in rounds if r.get("proactive_hit") is not None]
+    cal.p_hit_full, cal.p_hit_part = _hit_rates(branched, 0.3)
     cal.hits_by_policy = {}
-    for pol in sorted({r.get("policy") for r in rounds if r.get("proactive_hit") is not None}):
-        f = [bool(r["proactive_hit"]) for r in rounds if r.get("policy") == pol
-             and r.get("proactive_hit") is not None and r["accepted"] >= r["depth"]]
-        q = [bool(r["proactive_hit"]) for r in rounds if r.get("policy") == pol
-             and r.get("proactive_hit") is not None and r["accepted"] < r["depth"]]
-        if len(f) + len(q) >= 10:  # the branch's shape (chain vs tree, depth) is the policy's
-            cal.hits_by_policy[pol] = _hit_rates(f, q, (sum(f) + sum(q)) / (len(f) + len(q)))
+    for pol in sorted({r.get("policy") for r in branched}):
+        mine = [r for r in branched if r.get("policy") == pol]
+        if len(mine) >= 10:  # the branch's shape (chain vs tree, depth) is the policy's
+            cal.hits_by_policy[pol] = _hit_rates(mine, sum(bool(r["proactive_hit"]) for r in mine) / len(mine))
     return cal
 
 
-def _hit_rates(full: list[bool], part: list[bool], default: float) -> tuple[float, float]:
+def _hit_rates(branched: list[dict], default: float) -> tuple[float, float]:
     """Hit rates after fully / partly accepted rounds (the pooled rate where fewer than 3)."""
+    full = [bool(r["proactive_hit"]) for r in branched if r["accepted"] >= r["depth"]]
+    part = [bool(r["proactive_hit"]) for r in branched if r["accepted"] < r["depth"]]
     allh = full + part
     base = sum(allh) / len(allh) if allh else default
     return (sum(full) / len(full) if len(full) >= 3 else base, sum(part) / len(part) if len(part) >= 3 else base)

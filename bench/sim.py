@@ -72,7 +72,7 @@ class _Edge:
         if cal.warm_controller:  # as rapid bench / the daemon: a baseline learned uncontended
             wr = random.Random(seed * 7 + idx)
             for _ in range(4 * self.ctrl.config.n_warmup):
-                self.ctrl.observe_step(wr.choice(cal.step_s), max(1, round(cal.tokens_per_step)))
+                self.ctrl.observe_step(wr.choice(cal.step_s), cal.step_tokens)
         self.ctrl.new_request()
         self.prefill = cal.prefill_s
         self.target = tokens
@@ -145,7 +145,7 @@ class _Edge:
         drafts a chain: one token per step (step₁ = tau) and d nodes."""
         maxd = self.ctrl.config.max_depth
         r = self.run_len(self.pos, min(maxd, self.target - self.pos))
-        s = self.mean_step(t) / max(1, round(self.cal.tokens_per_step))
+        s = self.mean_step(t) / self.cal.step_tokens
         rtt = self.prof.rtt_ms / 1000 + self.cal.overhead_s
 
         def rate(d: int) -> float:
@@ -224,12 +224,12 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
                 e.prefill = 0.0
             planned = max(0, depth - e.reused) if depth > 0 else 0
             steps = 0
-            tps = max(1, round(e.cal.tokens_per_step))
+            tps = e.cal.step_tokens
             while steps < planned:
                 d = e.step_time(t) / (tps if e.oracle else 1)  # the oracle drafts a chain
                 t += d
                 steps += 1
-                e.ctrl.observe_step(d, max(1, round(e.cal.tokens_per_step)))
+                e.ctrl.observe_step(d, tps)
                 if steps < planned and not e.keep_drafting(e.pos + e.reused + steps - 1):
                     depth = e.reused + steps
                     break
@@ -259,7 +259,7 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
                     want = e.ctrl.config.max_depth
                 t, steps, stopped = t_send, 0, None
                 # a tree step feeds tokens_per_step tokens, a chain step one: time = tau · tokens
-                tps = max(1, round(e.cal.tokens_per_step))
+                tps = e.cal.step_tokens
                 per_step = 1 if pol.chain_branch or e.oracle else tps
                 while steps < want:
                     if pol.interruptible and t >= t_arr:

@@ -19,7 +19,10 @@ from rapid.runtime.policies import POLICIES
 def run_sim_cli(a) -> int:
     from rapid.bench.report import aggregate
 
-    rounds, runs, meta = load_traces(a.traces)
+    per_run = [(Path(t).name, *load_traces([t])) for t in a.traces]  # (name, rounds, runs, meta), read once
+    rounds = [r for _, rs, _, _ in per_run for r in rs]
+    runs = [r for _, _, us, _ in per_run for r in us]
+    meta = next((m for *_, m in per_run if m), {})
     if not runs:
         raise SystemExit(f"rapid sim: no runs.jsonl in {a.traces}")
     out = Path(a.out or Path(a.traces[0]) / "sim")
@@ -30,10 +33,8 @@ def run_sim_cli(a) -> int:
         set(traced_pols) | {"fixed", "npdg", "ipdg", "caac", "rapid"})
     scheds = [s.strip() for s in a.contention.split(",")] if a.contention else sorted({r["schedule"] for r in runs})
     profs = [p.strip() for p in a.profiles.split(",")] if a.profiles else sorted({r["profile"] for r in runs})
-    sched_of: dict[str, Schedule] = {}
-    for t in a.traces:  # every folder's schedules (the first meta alone lacks the others')
-        m = json.loads((Path(t) / "meta.json").read_text()) if (Path(t) / "meta.json").exists() else {}
-        sched_of.update({n: Schedule(**d) for n, d in m.get("schedules", {}).items()})
+    # every folder's schedules (the first meta alone lacks the others')
+    sched_of = {n: Schedule(**d) for *_, m in per_run for n, d in m.get("schedules", {}).items()}
 
     def sch(n):
         return sched_of.get(n) or parse_schedule(n)
@@ -48,20 +49,20 @@ def run_sim_cli(a) -> int:
     #    uncontended rounds), the cloud's verify curve is the folder's own (the machine's speed
     #    drifts between runs: the 8-node verify median moved by ~10 % between runs here)
     val = []
-    for t in a.traces:
-        f_rounds, f_runs, f_meta = load_traces([t])
-        f_cal = fit_cloud(replace(cal), f_rounds, f_meta.get("profiles", {})) if len(a.traces) > 1 else cal
+    for name, f_rounds, f_runs, f_meta in per_run:
+        f_cal = fit_cloud(replace(cal), f_rounds, f_meta.get("profiles", {})) if len(per_run) > 1 else cal
         max_new = int(f_meta.get("config", {}).get("max_new", 24))
+        f_cal_of = {st: fit_prompt_set(replace(f_cal), [x for x in f_rounds if str(x.get("set")) == st],
+                                       [x for x in f_runs if str(x.get("set")) == st])
+                    for st in {str(x.get("set")) for x in f_runs}}
         for r in aggregate(f_runs):
             if r["policy"] not in POLICIES:
                 continue
             st = str(r["set"])
-            c = fit_prompt_set(replace(f_cal), [x for x in f_rounds if str(x.get("set")) == st],
-                               [x for x in f_runs if str(x.get("set")) == st])
             m = r["tok_s"]
-            s = sim_tok_s(POLICIES[r["policy"]], c, sch(r["schedule"]), get_profile(r["profile"]), max_new,
-                          max(a.seeds, 20))
-            val.append({"run": Path(t).name, "tokens": max_new, "profile": r["profile"], "schedule": r["schedule"],
+            s = sim_tok_s(POLICIES[r["policy"]], f_cal_of[st], sch(r["schedule"]), get_profile(r["profile"]),
+                          max_new, max(a.seeds, 20))
+            val.append({"run": name, "tokens": max_new, "profile": r["profile"], "schedule": r["schedule"],
                         "set": st, "policy": r["policy"], "measured_tok_s": m, "sim_tok_s": s,
                         "error": (s - m) / m if m else float("nan")})
     # 2. policies vs the oracle (long generations, no start-up), per prompt set
