@@ -106,10 +106,23 @@ def pin(cpus: set[int] | None, pid: int = 0) -> bool:
         return False
 
 
-def _spin(seconds: float, a, b) -> None:
+def _spin(seconds: float, work) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        a @ b  # a small matmul: keeps the core's ALUs and caches busy, not only the scheduler
+        work()
+
+
+def _follow(epoch, stop, sched: Schedule, work) -> None:
+    """Run ``work`` in the schedule's busy slots (from each epoch) until ``stop`` is set."""
+    while not stop.is_set():
+        e = epoch.value
+        if e < 0:
+            time.sleep(0.01)
+            continue
+        if sched.busy(time.monotonic() - e):
+            _spin(min(0.005, sched.slot_s), work)
+        else:
+            time.sleep(0.002)
 
 
 def _load_main(epoch, stop, cpus, sched: Schedule) -> None:  # runs in the load process
@@ -119,16 +132,8 @@ def _load_main(epoch, stop, cpus, sched: Schedule) -> None:  # runs in the load 
 
     a = np.random.default_rng(0).standard_normal((96, 96))
     b = a.T.copy()
-    while not stop.is_set():
-        e = epoch.value
-        if e < 0:
-            time.sleep(0.01)
-            continue
-        t = time.monotonic() - e
-        if sched.busy(t):
-            _spin(min(0.005, sched.slot_s), a, b)
-        else:
-            time.sleep(0.002)
+    # a small matmul: keeps the core's ALUs and caches busy, not only the scheduler
+    _follow(epoch, stop, sched, lambda: a @ b)
 
 
 def load_device_for(engine_device: str, requested: str = "auto") -> str:
@@ -159,18 +164,12 @@ def _gpu_load_main(epoch, stop, cpus, sched: Schedule, n: int = 2048) -> None:  
 
     a = torch.randn(n, n, device="cuda", dtype=torch.float16)
     b = torch.randn(n, n, device="cuda", dtype=torch.float16)
-    while not stop.is_set():
-        e = epoch.value
-        if e < 0:
-            time.sleep(0.01)
-            continue
-        if sched.busy(time.monotonic() - e):
-            end = time.monotonic() + min(0.005, sched.slot_s)
-            while time.monotonic() < end:
-                a @ b
-                torch.cuda.synchronize()
-        else:
-            time.sleep(0.002)
+
+    def work() -> None:
+        a @ b
+        torch.cuda.synchronize()
+
+    _follow(epoch, stop, sched, work)
 
 
 class LoadProcess:
