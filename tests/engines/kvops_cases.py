@@ -46,3 +46,10 @@ def range_case(draw):
     ss = draw(st.integers(0, scap - n))
     ds = draw(st.integers(0, dcap - n))
     return dtype, outer, inner, scap, dcap, ss, ds, n, draw(st.integers(0, 2**32 - 1))
+
+
+def range_buffers(case) -> tuple[np.ndarray, np.ndarray]:
+    """The random source [outer, scap, inner] and destination [outer, dcap, inner] of a range_case."""
+    dtype, outer, inner, scap, dcap, *_, seed = case
+    rng = np.random.default_rng(seed)
+    return random_buf(rng, (outer, scap, inner), dtype), random_buf(rng, (outer, dcap, inner), dtype)

@@ -15,7 +15,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvops_cases import DTYPES, PROPS, gather_case, random_buf, range_case, same_bytes
+from kvops_cases import (
+    DTYPES,
+    PROPS,
+    gather_case,
+    random_buf,
+    range_buffers,
+    range_case,
+    same_bytes,
+)
 
 from rapid.engines import native
 
@@ -171,10 +179,8 @@ def test_gather_accepts_other_2_byte_types(kvops):
 @given(case=range_case())
 @PROPS
 def test_copy_range_between_buffers(kvops, case):
-    dtype, outer, inner, scap, dcap, ss, ds, n, seed = case
-    rng = np.random.default_rng(seed)
-    src = random_buf(rng, (outer, scap, inner), dtype)
-    dst = random_buf(rng, (outer, dcap, inner), dtype)
+    *_, ss, ds, n, _ = case
+    src, dst = range_buffers(case)
     src_before = src.copy()
     want = dst.copy()
     want[:, ds:ds + n] = src[:, ss:ss + n]

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hypothesis import given
-from kvops_cases import PROPS, gather_case, random_buf, range_case, same_bytes
+from kvops_cases import PROPS, gather_case, random_buf, range_buffers, range_case, same_bytes
 
 from rapid.engines import native
 
@@ -68,10 +68,8 @@ def test_cuda_emulation_gather_matches_cpu(emu, case):
 @given(case=range_case())
 @PROPS
 def test_cuda_emulation_copy_range_matches_cpu(emu, case):
-    dtype, outer, inner, scap, dcap, ss, ds, n, seed = case
-    rng = np.random.default_rng(seed)
-    src = random_buf(rng, (outer, scap, inner), dtype)
-    dst = random_buf(rng, (outer, dcap, inner), dtype)
+    dtype, outer, inner, scap, dcap, ss, ds, n, _ = case
+    src, dst = range_buffers(case)
     want = dst.copy()
     native.copy_range(src, want, ss, ds, n, backend="native")
     emu.copy_range(src.ctypes.data, dst.ctypes.data, outer, scap, dcap, inner, dtype, ss, ds, n)
