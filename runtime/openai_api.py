@@ -153,20 +153,19 @@ def create_app(service: EdgeService):
         return {"id": rid, "object": obj, "created": created, "model": service.model_name, "choices": [ch],
                 "usage": usage()}
 
-    @app.post("/v1/completions")
-    async def completions(http: HTTPRequest):
+    async def from_json(http: HTTPRequest, chat: bool):
         try:
             body = await http.json()
         except Exception:  # noqa: BLE001
             return error(400, "the body must be JSON")
-        return await run(http, body if isinstance(body, dict) else {}, False)
+        return await run(http, body if isinstance(body, dict) else {}, chat)
+
+    @app.post("/v1/completions")
+    async def completions(http: HTTPRequest):
+        return await from_json(http, False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(http: HTTPRequest):
-        try:
-            body = await http.json()
-        except Exception:  # noqa: BLE001
-            return error(400, "the body must be JSON")
-        return await run(http, body if isinstance(body, dict) else {}, True)
+        return await from_json(http, True)
 
     return app
