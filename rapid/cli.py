@@ -47,7 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8765)
     s.add_argument("--threads", type=int, default=1)
-    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
+    s.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float64"],
+                   help="auto = bfloat16 where the CPU/GPU computes it natively, else float32")
+    s.add_argument("--verify", default="auto", choices=["auto", "tree", "sequential"],
+                   help="auto = one forward per tree where measured batch-invariant, else sequential (exact)")
     s.add_argument("--max-sessions", type=int, default=16)
     s.add_argument("--max-context", type=int, default=4096)
     s.add_argument("--max-nodes", type=int, default=64)
@@ -140,7 +143,7 @@ def _dispatch(args) -> int:
         return run_serve(args.target, args.host, args.port, args.threads, args.dtype, args.max_sessions,
                          args.max_context, args.max_nodes, token_file=args.token_file, cert=args.cert,
                          key=args.key, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
-                         idle_timeout=args.idle_timeout, grace=args.grace)
+                         idle_timeout=args.idle_timeout, grace=args.grace, verify=args.verify)
     if args.cmd == "generate":
         from rapid.runtime.generate import run_generate
 

@@ -203,10 +203,30 @@ class Decoder(nn.Module):
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         if c.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # see ``rope``
 
     @property
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype
+
+    def rope(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin ``[B, 1, T, d]``, looked up in a table computed once for positions 0..n-1.
+
+        A row's angles then never depend on how many rows, sessions or positions share the
+        forward (vectorised ``cos`` rounds its scalar tail differently), which batch-invariant
+        verification needs. Traced exports compute them inline instead (no table constant).
+        """
+        c = self.config
+        if torch.compiler.is_exporting() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+            return rope_cos_sin(position_ids, c.head_dim, c.rope_theta, dtype)
+        need = int(position_ids.max()) + 1 if position_ids.numel() else 1
+        table = self._rope_table
+        if table is None or table[0].shape[0] < need or table[0].dtype != dtype or table[0].device != position_ids.device:
+            n = max(1024, 1 << (need - 1).bit_length())
+            pos = torch.arange(n, device=position_ids.device)[None]
+            cos, sin = rope_cos_sin(pos, c.head_dim, c.rope_theta, dtype)
+            table = self._rope_table = (cos[0, 0], sin[0, 0])  # [n, d] each
+        return table[0][position_ids][:, None], table[1][position_ids][:, None]
 
     def forward(
         self,
@@ -218,7 +238,7 @@ class Decoder(nn.Module):
     ) -> torch.Tensor:  # [B, T or R, V]
         c = self.config
         x = self.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(position_ids, c.head_dim, c.rope_theta, x.dtype)
+        cos, sin = self.rope(position_ids, x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, attn_mask, kv, i)
         if logits_rows is not None:

@@ -58,8 +58,9 @@ log = logging.getLogger("rapid.server")
 class VerifierServer:
     def __init__(self, model: Decoder, limits: Limits | None = None,
                  answer_delay: Callable[[], float] | None = None, *, token: str | None = None,
-                 batch_window_ms: float = 0.0, max_batch: int = 1) -> None:
+                 batch_window_ms: float = 0.0, max_batch: int = 1, verify_mode: str = "tree") -> None:
         self.model = model
+        self.verify_mode = verify_mode  # "tree" or "sequential" (rapid.server.target)
         self.answer_delay = answer_delay  # seconds to hold each verdict (transport-delay emulation)
         self.limits = limits or Limits()
         self.sessions = SessionTable(self.limits)
@@ -171,7 +172,8 @@ class VerifierServer:
             return self._error("busy", f"the server is at its limit of {self.limits.max_sessions} sessions; retry later"), sid
         try:
             session = await self._run(
-                lambda: TargetSession(self.model, h.prompt, params, self.limits.max_context, max_nodes))
+                lambda: TargetSession(self.model, h.prompt, params, self.limits.max_context, max_nodes,
+                                      self.verify_mode))
         except (ValueError, RapidError) as e:
             code = "context" if "context" in str(e) else "bad_hello"
             return self._error(code, str(e)), sid

@@ -72,30 +72,31 @@ def verify_batch(items: Sequence[tuple[TargetSession, Sequence[int], Sequence[in
             out[i] = BadTreeError(why)
         else:
             rows.append(i)
-    if len(rows) == 1:
-        s, tokens, parents = items[rows[0]]
+    if len(rows) == 1 or any(items[i][0].mode == "sequential" for i in rows):
+        results = _one_by_one([items[i] for i in rows])
+    else:
         try:
-            out[rows[0]] = s.verify(tokens, parents)
-        except Exception as e:  # noqa: BLE001
-            out[rows[0]] = e
-    elif rows:
-        try:
-            results = _forward_rows([items[i] for i in rows])
+            results = _forward_rows([items[i] for i in rows]) if rows else []
         except Exception:  # noqa: BLE001 — nothing was committed: verify the rows one by one, so
-            results = []   # a crash stays with the session that causes it
-            for i in rows:
-                s, tokens, parents = items[i]
-                try:
-                    results.append(s.verify(tokens, parents))
-                except Exception as e:  # noqa: BLE001
-                    results.append(e)
-        for i, v in zip(rows, results, strict=True):
-            out[i] = v
+            results = _one_by_one([items[i] for i in rows])  # a crash stays with its session
+    for i, v in zip(rows, results, strict=True):
+        out[i] = v
     return out  # type: ignore[return-value]
 
 
-def _forward_rows(items) -> list[Verdict | Exception]:
-    """The batched forward; raises only before any session state changed."""
+def _one_by_one(items) -> list[Verdict | Exception]:
+    results: list[Verdict | Exception] = []
+    for s, tokens, parents in items:
+        try:
+            results.append(s.verify(tokens, parents))
+        except Exception as e:  # noqa: BLE001 — reported to that session only
+            results.append(e)
+    return results
+
+
+def forward_batch(items) -> tuple[torch.Tensor, list[list[int]], list[int]]:
+    """One forward over the sessions' trees: logits ``[B, T, V]``, each row's positions and KV
+    length before it. The new KV entries are written but not committed (the caller does)."""
     model = items[0][0].model
     b_ = len(items)
     ids_l, pos_l, allowed_l, kv_lens = [], [], [], []
@@ -105,7 +106,7 @@ def _forward_rows(items) -> list[Verdict | Exception]:
         pos_l.append(pos)
         allowed_l.append(allowed)
         kv_lens.append(s.kv.length)
-    t_max = max(len(x) for x in ids_l)
+    t_max = max(max(len(x) for x in ids_l), items[0][0].min_rows)  # per-row GEMMs of M >= 2 in bf16
     kv = _BatchKV([s.kv for s, _, _ in items], [len(x) for x in ids_l])
     ids = torch.zeros((b_, t_max), dtype=torch.long)
     pos = torch.zeros((b_, t_max), dtype=torch.long)
@@ -121,9 +122,15 @@ def _forward_rows(items) -> list[Verdict | Exception]:
         s.kv.begin(t)
     with torch.inference_mode():
         logits = model(ids, pos, mask, kv)  # [B, T, V]
+    return logits, pos_l, kv_lens
+
+
+def _forward_rows(items) -> list[Verdict | Exception]:
+    """The batched forward; raises only before any session state changed."""
+    logits, pos_l, kv_lens = forward_batch(items)
     verdicts: list[Verdict | Exception] = []
     for b, (s, tokens, parents) in enumerate(items):
-        t = len(ids_l[b])
+        t = len(pos_l[b])
         kv_len = kv_lens[b]
         try:
             verdict = s.decide(logits[b, :t].float().numpy(), pos_l[b], tokens, parents)

@@ -9,21 +9,48 @@ import signal
 log = logging.getLogger("rapid.server")
 
 
-def load_target(spec: str, dtype: str = "float32", threads: int = 1):
+def load_target(spec: str, dtype: str = "auto", threads: int = 1):
+    """Load the target in ``dtype`` (``rapid.precision``: auto = bf16 where native) on the CPU."""
     import torch
 
     from rapid.modeling import load_decoder
+    from rapid.precision import choose_dtype, cpu_flags
 
+    choice = choose_dtype(dtype, "cpu", cpu_flags())
+    log.info("target dtype %s (%s)", choice.dtype, choice.reason)
     torch.set_num_threads(threads)
-    model, tokenizer = load_decoder(spec, getattr(torch, dtype))
+    model, tokenizer = load_decoder(spec, getattr(torch, choice.dtype))
     return model, tokenizer
 
 
-def run_serve(target: str, host: str, port: int, threads: int = 1, dtype: str = "float32",
+def choose_verify_mode(model, requested: str = "auto") -> str:
+    """``tree`` when every row of a tree forward is bitwise a one-token step (measured on the
+    loaded model, ``rapid.server.invariance.probe``), else ``sequential``; explicit modes are
+    kept (``tree`` on a non-invariant target is logged: outputs may then differ at near-ties)."""
+    from rapid.server.invariance import probe
+
+    if requested == "sequential":
+        return requested
+    check = probe(model)
+    if check.invariant:
+        log.info("tree verification is batch-invariant on this target (%d rows bitwise equal)", check.rows)
+        return "tree"
+    if requested == "tree":
+        log.warning("tree verification is NOT batch-invariant here (%d of %d rows differ, max |dlogit| %.2g): "
+                    "outputs may differ from the target alone at near-ties", check.differing, check.rows,
+                    check.max_abs_diff)
+        return "tree"
+    log.warning("tree forwards are not batch-invariant in %s here (%d of %d rows differ, max |dlogit| %.2g): "
+                "verifying sequentially (exact, one target step per accepted token)", model.dtype,
+                check.differing, check.rows, check.max_abs_diff)
+    return "sequential"
+
+
+def run_serve(target: str, host: str, port: int, threads: int = 1, dtype: str = "auto",
               max_sessions: int = 16, max_context: int = 4096, max_nodes: int = 64, *,
               token_file: str | None = None, cert: str | None = None, key: str | None = None,
               batch_window_ms: float = 2.0, max_batch: int = 8, idle_timeout: float = 600.0,
-              grace: float = 30.0) -> int:
+              grace: float = 30.0, verify: str = "auto") -> int:
     from rapid.auth import load_token, server_ssl_context
     from rapid.server.app import VerifierServer, serve_forever
     from rapid.server.sessions import Limits
@@ -33,7 +60,8 @@ def run_serve(target: str, host: str, port: int, threads: int = 1, dtype: str = 
     log.info("loading target %s (%s, %d thread(s))", target, dtype, threads)
     model, _ = load_target(target, dtype, threads)
     server = VerifierServer(model, Limits(max_sessions, max_context, max_nodes, grace, idle_timeout), token=token,
-                            batch_window_ms=batch_window_ms, max_batch=max_batch)
+                            batch_window_ms=batch_window_ms, max_batch=max_batch,
+                            verify_mode=choose_verify_mode(model, verify))
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -11,6 +11,17 @@ forward of T = 1 + N tokens:
 then ``pick`` every row, ``accept`` (``rapid.server.verifier``), keep the KV of the root and the
 accepted path (compaction), and append path tokens + bonus. An empty tree is one step of plain
 autoregressive decoding, which is what ``reference_decode`` (the target alone) runs.
+
+Exactness needs every row of a tree forward to be *bitwise* the logits of a one-token forward
+of the same prefix (batch invariance). ``rapid.server.invariance`` measures whether the loaded
+target has it; a session then verifies in one of two modes:
+
+- ``tree``: one forward of ``[root] + nodes``. In half precision every forward computes at least
+  ``MIN_ROWS_HALF`` = 2 rows (a one-token step gets a masked dummy row): on x86 CPUs the M = 1
+  (GEMV) path of bf16 ``F.linear`` rounds differently from M ≥ 2, which are row-invariant.
+- ``sequential``: the fallback where the tree forward is not invariant (fp32 on MKL): walk the
+  tree one one-token forward per accepted level. Each forward is exactly a target-alone step,
+  so the output is identical by construction; it saves round trips, not target time.
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ from rapid.kvcache import StaticKV
 from rapid.masks import causal_allowed
 from rapid.modeling import Decoder, additive_mask
 from rapid.sampling import SamplingParams, pick_tokens
-from rapid.server.verifier import Verdict, accept, validate_tree
+from rapid.server.verifier import ROOT, Verdict, accept, validate_tree
 
 
 class BadTreeError(RapidError):
@@ -52,11 +63,22 @@ def verify_attention(parents: Sequence[int], kv_len: int) -> np.ndarray:
     return allowed
 
 
+MIN_ROWS_HALF = 2  # fewest rows of a bf16/fp16 forward (see the module docstring)
+VERIFY_MODES = ("tree", "sequential")
+
+
+def min_rows(dtype: torch.dtype) -> int:
+    """Rows a forward of this dtype computes at least: 2 in half precision, else 1."""
+    return MIN_ROWS_HALF if dtype in (torch.bfloat16, torch.float16) else 1
+
+
 class TargetSession:
     """One edge's sequence on the target model."""
 
     def __init__(self, model: Decoder, prompt: Sequence[int], params: SamplingParams,
-                 capacity: int = 4096, max_nodes: int = 256) -> None:
+                 capacity: int = 4096, max_nodes: int = 256, mode: str = "tree") -> None:
+        if mode not in VERIFY_MODES:
+            raise ValueError(f"verify mode {mode!r} is not one of {VERIFY_MODES}")
         if not prompt:
             raise BadTreeError("the prompt is empty")
         if len(prompt) + 1 > capacity:
@@ -65,6 +87,8 @@ class TargetSession:
         if any(not 0 <= t < vocab for t in prompt):
             raise BadTreeError(f"prompt has token ids outside [0, {vocab})")
         self.model = model
+        self.mode = mode
+        self.min_rows = min_rows(model.dtype)
         self.params = params
         self.max_nodes = max_nodes
         self.device = model.embed_tokens.weight.device  # the target may live on a GPU
@@ -81,17 +105,31 @@ class TargetSession:
 
     def _forward(self, ids, pos, allowed, rows=None) -> np.ndarray:
         t = len(ids)
-        self.kv.begin(t)
+        pad = 0 < t < self.min_rows  # dummy rows that see only themselves; the lm_head sees them too
+        if pad:
+            ids, pos, allowed = pad_rows(ids, pos, allowed, self.min_rows)
+        select = None if rows is None or pad else torch.as_tensor(rows, dtype=torch.long, device=self.device)
+        self.kv.begin(len(ids))
         with torch.inference_mode():
             logits = self.model(
                 torch.as_tensor([ids], dtype=torch.long, device=self.device),
                 torch.as_tensor([pos], dtype=torch.long, device=self.device),
                 additive_mask(torch.as_tensor(allowed, device=self.device), self.model.dtype), self.kv,
-                None if rows is None else torch.as_tensor(rows, dtype=torch.long, device=self.device),
+                select,
             )[0]
+        if pad:
+            logits = logits[:t] if rows is None else logits[list(rows)]
         self.kv.commit(t)
         self.forwards += 1
         return logits.float().cpu().numpy()
+
+    def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> tuple[np.ndarray, list[int], int]:
+        """The tree forward: logits ``[1+N, V]``, positions ``[1+N]`` and the KV length before it.
+
+        The tree's KV entries stay written (uncommitted to the sequence) until ``advance``."""
+        kv_len = self.kv.length
+        ids, pos, allowed = self.tree_inputs(tokens, parents)
+        return self._forward(ids, pos, allowed), pos, kv_len
 
     def check_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> str | None:
         """Why this tree cannot be verified now (malformed, over a limit, context full), or None."""
@@ -124,9 +162,9 @@ class TargetSession:
         why = self.check_tree(tokens, parents)
         if why:
             raise BadTreeError(why)
-        kv_len = self.kv.length
-        ids, pos, allowed = self.tree_inputs(tokens, parents)
-        logits = self._forward(ids, pos, allowed)  # [1+N, V]
+        if self.mode == "sequential" and tokens:
+            return self._verify_sequential(tokens, parents)
+        logits, pos, kv_len = self.forward_tree(tokens, parents)  # [1+N, V]
         try:
             verdict = self.decide(logits, pos, tokens, parents)
         except Exception:
@@ -134,6 +172,33 @@ class TargetSession:
             raise
         self.advance(verdict, tokens, kv_len)
         return verdict
+
+
+    def _verify_sequential(self, tokens: Sequence[int], parents: Sequence[int]) -> Verdict:
+        """Walk the tree with one-token forwards (target-alone steps): pick, follow the child
+        holding the pick, stop at the first level without one; the last pick is the bonus."""
+        path: list[int] = []
+        node = ROOT
+        while True:
+            step = self.verify([], [])  # one target-alone step: appends the target's pick
+            child = next((j for j in range(len(tokens)) if parents[j] == node and tokens[j] == step.bonus), None)
+            if child is None:  # the pick already appended is the bonus; the path is committed
+                return Verdict(tuple(path), step.bonus)
+            path.append(child)
+            node = child
+
+
+def pad_rows(ids: Sequence[int], pos: Sequence[int], allowed: np.ndarray,
+             rows: int) -> tuple[list[int], list[int], np.ndarray]:
+    """Append dummy rows (copies of the last token) up to ``rows``; each sees only itself, and no
+    real row sees them. ``allowed`` ``[T, S]`` becomes ``[rows, S + rows - T]``."""
+    t, s = allowed.shape
+    extra = rows - t
+    out = np.zeros((rows, s + extra), dtype=bool)
+    out[:t, :s] = allowed
+    for i in range(extra):
+        out[t + i, s + i] = True
+    return list(ids) + [ids[-1]] * extra, list(pos) + [pos[-1]] * extra, out
 
 
 def finish(tokens: list[int], max_new: int, stop_ids: Sequence[int]) -> tuple[list[int], bool]:
