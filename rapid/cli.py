@@ -17,6 +17,7 @@ import logging
 import sys
 
 from rapid.errors import RapidError
+from rapid.export.export_cli import add_quantize_arguments
 
 
 def _add_tree_args(p: argparse.ArgumentParser) -> None:
@@ -73,10 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tree_args(g)
 
     d = sub.add_parser("demo", help="serve + generate on built-in prompts; compare with the target alone")
-    d.add_argument("--draft", default="default-draft")
+    d.add_argument("--draft", default="default-draft-int4",
+                   help="default-draft-int4 (ONNX, int4 weights; built once), an export folder or a model spec")
     d.add_argument("--target", default="default-target")
     d.add_argument("--tiny", action="store_true", help="use tiny random models (no download; for a quick check)")
-    d.add_argument("--engine", default="torch")
+    d.add_argument("--engine", default="auto", help="torch|onnx|trt|auto (auto: onnx for an export folder)")
     d.add_argument("--prompts", type=int, default=3, help="how many built-in prompts to run")
     _add_tree_args(d)
     d.set_defaults(max_tokens=48)
@@ -88,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--trt", action="store_true")
     e.add_argument("--max-context", type=int, default=2048)
     e.add_argument("--max-tree", type=int, default=64)
+    add_quantize_arguments(e)
 
     sub.add_parser("doctor", help="print what this machine can run")
     return ap

@@ -33,12 +33,20 @@ def free_port() -> int:
 
 
 def start_server(target: str, port: int, extra: list[str] | None = None, timeout: float = 600.0,
-                 log_path: Path | None = None) -> subprocess.Popen:
-    """Start ``rapid serve`` and wait until its port accepts connections."""
+                 log_path: Path | None = None, cpus: set[int] | None = None) -> subprocess.Popen:
+    """Start ``rapid serve`` (pinned to ``cpus`` when given) and wait until its port accepts connections."""
     log = open(log_path or os.devnull, "w")  # noqa: SIM115 - lives as long as the process
     cmd = [sys.executable, "-m", "rapid.cli", "serve", "--target", target, "--port", str(port), *(extra or [])]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=pin)
     return wait_listening(proc, "127.0.0.1", port, timeout, log_path)
+
+
+def split_cores() -> tuple[set[int], set[int]] | None:
+    """(edge cores, cloud cores): the first allowed core for the edge, the next for the cloud,
+    so the proactive branch really drafts while the cloud verifies; None on a single core."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    return ({cpus[0]}, {cpus[1]}) if len(cpus) >= 2 else None
 
 
 def wait_listening(proc: subprocess.Popen, host: str, port: int, timeout: float,
@@ -66,6 +74,41 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
+FAST_DRAFT = "default-draft-int4"  # the default draft exported to ONNX, weights int4 (MatMulNBits)
+
+
+def resolve_draft(spec: str) -> str:
+    """An export folder as is; ``default-draft-int4`` built once in the cache; else a model spec."""
+    from rapid import models
+    from rapid.export.manifest import is_export_dir
+
+    if is_export_dir(spec):
+        return spec
+    if spec == FAST_DRAFT:
+        from rapid.export.quantize import QuantConfig, ensure_quantized_export
+
+        models.fetch_default(("draft",))
+        return str(ensure_quantized_export("default-draft", models.cache_dir() / "exports" / FAST_DRAFT,
+                                           QuantConfig("int4")))
+    if spec == "default-draft":
+        models.fetch_default(("draft",))
+    return models.resolve_model(spec)
+
+
+def _models(args) -> tuple[str, str]:
+    if args.tiny:
+        from rapid.tiny import build_tiny
+
+        root = Path(tempfile.mkdtemp(prefix="rapid-demo-"))
+        return (str(build_tiny(root / "target", seed=0)),
+                str(build_tiny(root / "draft", seed=1, base_seed=0, perturb=0.05)))
+    from rapid import models
+
+    if args.target == "default-target":
+        models.fetch_default(("target",))
+    return models.resolve_model(args.target), resolve_draft(args.draft)
+
+
 def run_demo(args) -> int:
     from rapid.runtime.coordinator import CoordinatorConfig
     from rapid.runtime.generate import encode_prompt, generate_text, open_edge_model
@@ -73,51 +116,52 @@ def run_demo(args) -> int:
     from rapid.sampling import SamplingParams
 
     t_all = time.perf_counter()
-    if args.tiny:
-        from rapid.tiny import build_tiny
-
-        root = Path(tempfile.mkdtemp(prefix="rapid-demo-"))
-        target = str(build_tiny(root / "target", seed=0))
-        draft = str(build_tiny(root / "draft", seed=1, base_seed=0, perturb=0.05))
-    else:
-        from rapid import models
-
-        need = [w for w, spec in (("target", args.target), ("draft", args.draft)) if spec == f"default-{w}"]
-        if need:
-            models.fetch_default(tuple(need))
-        target, draft = models.resolve_model(args.target), models.resolve_model(args.draft)
+    target, draft = _models(args)
     port = free_port()
     log_path = Path(tempfile.gettempdir()) / f"rapid-demo-serve-{port}.log"
-    print(f"starting the cloud verifier ({target}) on ws://127.0.0.1:{port} … log: {log_path}", file=sys.stderr)
-    proc = start_server(target, port, ["--threads", str(args.threads)], log_path=log_path)
+    cores = split_cores()
+    if cores:
+        os.sched_setaffinity(0, cores[0])
+    where = f"edge on core {min(cores[0])}, cloud on core {min(cores[1])}" if cores else "one core: edge and cloud share it"
+    print(f"starting the cloud verifier ({target}) on ws://127.0.0.1:{port} ({where}) … log: {log_path}",
+          file=sys.stderr)
+    proc = start_server(target, port, ["--threads", str(args.threads)], log_path=log_path,
+                        cpus=cores[1] if cores else None)
     url = f"ws://127.0.0.1:{port}"
     try:
         edge = open_edge_model(draft, args.engine, 2048, args.threads)
         tree = TreeParams(args.depth, args.budget, args.topk, args.width)
         sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
-        rows, all_same = [], True
+        rows = []
         for name, text, chat in PROMPTS[: args.prompts]:
             ids = encode_prompt(edge.tokenizer, text, chat)
             print(f"\n=== [{name}] {text.strip()[:70]!r} — policy {args.policy}", flush=True)
-            gen, out_text = asyncio.run(generate_text(
+            gen, _ = asyncio.run(generate_text(
                 edge, url, ids, policy=args.policy, max_new=args.max_tokens, sampling=sampling, tree=tree,
                 config=CoordinatorConfig(depth=args.depth), stream=sys.stdout))
             print(f"\n--- {gen.summary.line()}")
             ref, _ = asyncio.run(generate_text(edge, url, ids, policy="ar", max_new=args.max_tokens,
                                                sampling=sampling, tree=tree))
-            same = ref.tokens == gen.tokens
-            all_same &= same
+            rows.append((name, gen, ref, ref.tokens == gen.tokens))
             print(f"--- target alone: {ref.summary.line()}")
-            print(f"--- identical: {'yes' if same else 'NO'}", flush=True)
-            rows.append((name, gen, ref, same))
-        print("\n| prompt | tokens | rounds | mean accepted | tokens/target call | speculative s | target-alone s | identical |")
-        print("|---|---|---|---|---|---|---|---|")
-        for name, gen, ref, same in rows:
-            s = gen.summary
-            print(f"| {name} | {s.tokens} | {s.rounds} | {s.mean_accepted:.2f} | {s.tokens_per_call:.2f} | "
-                  f"{s.wall_s:.1f} | {ref.summary.wall_s:.1f} | {'yes' if same else 'NO'} |")
+            print(f"--- identical: {'yes' if rows[-1][3] else 'NO'}; {args.policy} {gen.summary.tokens_per_s:.2f} tok/s, "
+                  f"target alone {ref.summary.tokens_per_s:.2f} tok/s: {gen.summary.tokens_per_s / ref.summary.tokens_per_s:.2f}x",
+                  flush=True)
+        _print_table(rows, args.policy, where)
+        all_same = all(r[3] for r in rows)
         print(f"\ndemo wall time {time.perf_counter() - t_all:.0f}s; identical on every prompt: "
               f"{'yes' if all_same else 'NO'}")
         return 0 if all_same else 1
     finally:
         stop_server(proc)
+
+
+def _print_table(rows, policy: str, where: str) -> None:
+    print(f"\n| prompt | tokens | rounds | mean accepted | {policy} tok/s | target alone tok/s | {policy}/target "
+          "| identical |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, gen, ref, same in rows:
+        s = gen.summary
+        print(f"| {name} | {s.tokens} | {s.rounds} | {s.mean_accepted:.2f} | {s.tokens_per_s:.2f} | "
+              f"{ref.summary.tokens_per_s:.2f} | {s.tokens_per_s / ref.summary.tokens_per_s:.2f}x | {'yes' if same else 'NO'} |")
+    print(f"({where}; 1 thread each)")

@@ -1,0 +1,53 @@
+"""The target's verify curve: milliseconds for one tree forward of T tokens after a prefix.
+
+``rapid doctor`` prints it for the loaded target and ``rapid.runtime`` defaults follow its
+shape: where verifying T = 8 or 16 tokens costs about one step (bf16 on a CPU with native bf16,
+a GPU), a wide tree is nearly free; where cost grows with T (fp32 on a CPU), it is not. Each T
+is timed ``repeats`` times on a fresh chain of T tokens; the median is reported.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rapid.modeling import Decoder
+from rapid.sampling import SamplingParams
+from rapid.server.target import TargetSession
+
+CURVE_TOKENS = (1, 2, 4, 8, 16, 32)
+
+
+@dataclass(slots=True, frozen=True)
+class CurvePoint:
+    tokens: int  # T: the root plus T - 1 chain nodes
+    ms: float  # median forward time
+
+
+def measure_curve(model: Decoder, tokens: Sequence[int] = CURVE_TOKENS, prefix: int = 128,
+                  repeats: int = 3, seed: int = 0) -> list[CurvePoint]:
+    """Median ms of one tree forward of ``T`` tokens after a ``prefix``-token prompt, per T."""
+    rng = np.random.default_rng(seed)
+    prompt = [int(x) for x in rng.integers(0, model.config.vocab_size, prefix)]
+    session = TargetSession(model, prompt, SamplingParams(), capacity=prefix + max(tokens) + 8,
+                            max_nodes=max(tokens))
+    kv_len = session.kv.length
+    out = []
+    for t in tokens:
+        chain = [int(x) for x in rng.integers(0, model.config.vocab_size, t - 1)]
+        times = []
+        for _ in range(repeats + 1):  # the first run warms up
+            t0 = time.perf_counter()
+            session.forward_tree(chain, list(range(-1, t - 2)))
+            times.append((time.perf_counter() - t0) * 1000)
+            session.kv.truncate(kv_len)
+        out.append(CurvePoint(t, statistics.median(times[1:])))
+    return out
+
+
+def curve_line(points: Sequence[CurvePoint]) -> str:
+    return ", ".join(f"T={p.tokens} {p.ms:.0f} ms" for p in points)
