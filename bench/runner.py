@@ -29,6 +29,7 @@ from pathlib import Path
 from rapid.bench import netem
 from rapid.bench.contention import LoadProcess, Schedule, load_device_for, parse_schedule, pin
 from rapid.bench.prompts import load_sets, pick, truncate_ids
+from rapid.procs import free_port, start_listening, stop_server
 
 
 @dataclass(slots=True)
@@ -69,18 +70,13 @@ def _cpus() -> set[int]:
 
 def _start_cloud(target: str, port: int, host: str, cpu: int | None, profile: netem.NetProfile | None,
                  log_path: Path, prefix: list[str], seed: int, timeout: float = 600.0) -> subprocess.Popen:
-    from rapid.demo import wait_listening
-
     cmd = [*prefix, sys.executable, "-m", "rapid.bench.cloud", "--target", target, "--host", host,
            "--port", str(port), "--seed", str(seed)]
     if cpu is not None:
         cmd += ["--cpus", str(cpu)]
     if profile is not None:
         cmd += ["--rtt-ms", str(profile.rtt_ms), "--jitter-ms", str(profile.jitter_ms)]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    log = open(log_path, "w")  # noqa: SIM115 - lives as long as the process
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    return wait_listening(proc, host, port, timeout, log_path)
+    return start_listening(cmd, host, port, timeout, log_path, env=dict(os.environ, OMP_NUM_THREADS="1"))
 
 
 def _models(cfg: BenchConfig) -> tuple[str, str]:
@@ -119,7 +115,6 @@ def run_bench(cfg: BenchConfig) -> Path:
     """Run the matrix; write the output folder; return it."""
     from tqdm import tqdm
 
-    from rapid.demo import free_port, stop_server
     from rapid.runtime.coordinator import Coordinator, CoordinatorConfig, controller_for
     from rapid.runtime.drafter import Drafter
     from rapid.runtime.generate import open_edge_model

@@ -35,7 +35,6 @@ import ctypes
 import functools
 import operator
 import os
-import shutil  # noqa: F401 -- kept as native.shutil (tests patch native.shutil.which)
 import threading
 from pathlib import Path
 

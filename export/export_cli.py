@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rapid.errors import RapidError
-from rapid.export.manifest import ONNX_FILE
 from rapid.export.onnx_export import export_onnx
+from rapid.manifest import ONNX_FILE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -8,15 +8,12 @@ and the two token sequences are compared.
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from rapid.errors import RapidError
+from rapid.procs import free_port, start_server, stop_server
 
 PROMPTS: list[tuple[str, str, bool]] = [  # (name, text, chat?)
     ("code", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n', False),
@@ -24,46 +21,6 @@ PROMPTS: list[tuple[str, str, bool]] = [  # (name, text, chat?)
     ("chat", "Explain in two sentences what a hash map is.", True),
     ("code", "import numpy as np\n\ndef softmax(x):\n", False),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(target: str, port: int, extra: list[str] | None = None, timeout: float = 600.0,
-                 log_path: Path | None = None) -> subprocess.Popen:
-    """Start ``rapid serve`` and wait until its port accepts connections."""
-    log = open(log_path or os.devnull, "w")  # noqa: SIM115 - lives as long as the process
-    cmd = [sys.executable, "-m", "rapid.cli", "serve", "--target", target, "--port", str(port), *(extra or [])]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    return wait_listening(proc, "127.0.0.1", port, timeout, log_path)
-
-
-def wait_listening(proc: subprocess.Popen, host: str, port: int, timeout: float,
-                   log_path: Path | None = None) -> subprocess.Popen:
-    """Wait until ``proc`` accepts connections on ``host:port``; a clear error if it dies or stalls."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            msg = Path(log_path).read_text()[-2000:] if log_path else ""
-            raise RapidError(f"the verifier exited with code {proc.returncode} before listening\n{msg}")
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return proc
-        except OSError:
-            time.sleep(0.3)
-    proc.kill()
-    raise RapidError(f"the verifier did not listen on {host}:{port} within {timeout:.0f}s")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 def run_demo(args) -> int:

@@ -20,13 +20,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from rapid.acceptance import finish
+from rapid.errors import ContextFullError
 from rapid.runtime.caac import CAAC, CAACConfig, CAACDecision, DepthController, FixedDepth
 from rapid.runtime.drafter import Drafter
 from rapid.runtime.link import CloudError, CloudLink
 from rapid.runtime.policies import Policy
 from rapid.runtime.telemetry import RoundRecord, Summary, summarize
 from rapid.sampling import SamplingParams
-from rapid.server.target import finish
 from rapid.wire import Hello
 
 
@@ -99,8 +100,6 @@ class Coordinator:
         stop_ids = d.stop_ids
         need = len(prompt) + max_new + 4 * d.params.budget + 32
         if need > d.engine.info.capacity:
-            from rapid.kvcache import ContextFullError
-
             raise ContextFullError(f"prompt ({len(prompt)}) + max tokens ({max_new}) + tree slots need a draft "
                                    f"context of {need}, the engine has {d.engine.info.capacity}")
         t_begin = self.clock()

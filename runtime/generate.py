@@ -31,7 +31,7 @@ class EdgeModel:
 def open_edge_model(draft: str, engine: str = "auto", capacity: int = 2048, threads: int = 1) -> EdgeModel:
     """Load the draft behind the requested backend (``rapid.engines.select``) and its tokenizer."""
     from rapid.engines.select import open_engine
-    from rapid.export.manifest import is_export_dir
+    from rapid.manifest import is_export_dir
 
     eng = open_engine(engine, draft, capacity=capacity, threads=threads)
     if is_export_dir(draft):  # the export copied the tokenizer: no hub needed on the edge

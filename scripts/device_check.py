@@ -92,14 +92,12 @@ def main() -> int:
         print(f"- GPU contention load: could not measure ({type(e).__name__}: {e})")
 
     # 4. exactness with the target on the GPU
-    sys.path.insert(0, "tests")
-    from cloud import BackgroundServer
-
     from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
     from rapid.runtime.link import CloudLink
     from rapid.runtime.policies import POLICIES
     from rapid.sampling import SamplingParams
     from rapid.server.app import VerifierServer
+    from rapid.server.background import BackgroundServer
     from rapid.server.target import reference_decode
 
     tgt_gpu = Decoder.from_hf(AutoModelForCausalLM.from_pretrained(tgt_dir, dtype=torch.float64)).to("cuda")

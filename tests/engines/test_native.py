@@ -25,7 +25,7 @@ from kvops_cases import (
     same_bytes,
 )
 
-from rapid.engines import native
+from rapid.engines import kvops_build, native
 
 # ------------------------------------------------------------------------------ helpers --
 
@@ -309,7 +309,7 @@ def test_library_search_order(kvops, tmp_path, monkeypatch):
 
 
 def test_build_without_cmake(monkeypatch, tmp_path):
-    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    monkeypatch.setattr(kvops_build.shutil, "which", lambda name: None)
     with pytest.raises(native.KVOpsBuildError, match="cmake not found"):
         native.build(build_dir=tmp_path)
 

@@ -7,11 +7,11 @@ import asyncio
 
 import msgpack
 import pytest
-from cloud import BackgroundServer
 from websockets.asyncio.client import connect
 
 from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer
+from rapid.server.background import BackgroundServer
 from rapid.server.sessions import Limits
 from rapid.server.target import reference_decode
 from rapid.wire import ErrorFrame, Hello, Ready, Tree, VerdictFrame, decode, encode
