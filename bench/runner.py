@@ -30,6 +30,11 @@ from rapid.bench import netem
 from rapid.bench.contention import LoadProcess, Schedule, load_device_for, parse_schedule, pin
 from rapid.bench.prompts import load_sets, pick, truncate_ids
 from rapid.procs import free_port, start_listening, stop_server
+from rapid.runtime.coordinator import CoordinatorConfig, assemble, controller_for
+from rapid.runtime.generate import open_edge_model
+from rapid.runtime.policies import get_policy
+from rapid.runtime.tree import TreeParams
+from rapid.sampling import SamplingParams
 
 
 @dataclass(slots=True)
@@ -115,14 +120,6 @@ def run_bench(cfg: BenchConfig) -> Path:
     """Run the matrix; write the output folder; return it."""
     from tqdm import tqdm
 
-    from rapid.runtime.coordinator import Coordinator, CoordinatorConfig, controller_for
-    from rapid.runtime.drafter import Drafter
-    from rapid.runtime.generate import open_edge_model
-    from rapid.runtime.link import CloudLink
-    from rapid.runtime.policies import get_policy
-    from rapid.runtime.tree import TreeParams
-    from rapid.sampling import SamplingParams
-
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in ("rounds.jsonl", "runs.jsonl"):
@@ -189,8 +186,7 @@ def run_bench(cfg: BenchConfig) -> Path:
                 # one warm-up per policy whose depth reacts to the baseline (plus the first policy)
                 warm = [p for i, p in enumerate(policies) if i == 0 or (cfg.carry_controller and p.adaptive_depth)]
                 for pol in warm:
-                    _warm = Drafter(edge.engine, tree, edge.stop_ids)
-                    asyncio.run(Coordinator(_warm, CloudLink(url), pol, ccfg, controller=ctrls.get(pol.name))
+                    asyncio.run(assemble(edge.engine, tree, edge.stop_ids, url, pol, ccfg, ctrls.get(pol.name))
                                 .generate(first, 8 if cfg.carry_controller else 2, sampling))
                 for sched in schedules:
                     with LoadProcess(sched, edge_cpus, load_device) as load:
@@ -205,8 +201,7 @@ def run_bench(cfg: BenchConfig) -> Path:
                                                     "set": set_name, "prompt_id": prompt.id, "repeat": rep,
                                                     "prompt_tokens": len(ids)}
                                         _one(out, edge, tree, sampling, cfg, pol, url, ids, load, sched, row_meta,
-                                             ctrls.get(pol.name), Drafter, CloudLink, Coordinator,
-                                             CoordinatorConfig)
+                                             ctrls.get(pol.name))
                                         bar.update(1)
             finally:
                 stop_server(proc)
@@ -219,9 +214,8 @@ def run_bench(cfg: BenchConfig) -> Path:
 
 
 def _one(out, edge, tree, sampling, cfg, pol, url, ids, load: LoadProcess, sched: Schedule, row_meta,
-         controller, Drafter, CloudLink, Coordinator, CoordinatorConfig) -> None:
-    drafter = Drafter(edge.engine, tree, edge.stop_ids)
-    coord = Coordinator(drafter, CloudLink(url), pol, CoordinatorConfig(depth=cfg.depth), controller=controller)
+         controller) -> None:
+    coord = assemble(edge.engine, tree, edge.stop_ids, url, pol, CoordinatorConfig(depth=cfg.depth), controller)
     load.start_epoch()
     t0 = time.perf_counter()  # the schedule's epoch on the coordinator's clock
     gen = asyncio.run(coord.generate(ids, cfg.max_new, sampling))

@@ -9,11 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rapid.runtime.coordinator import Coordinator, CoordinatorConfig, Generation
+from rapid.runtime.coordinator import CoordinatorConfig, Generation, assemble
 from rapid.runtime.detok import Detokenizer
-from rapid.runtime.drafter import Drafter
 from rapid.runtime.link import CloudLink
-from rapid.runtime.policies import get_policy
 from rapid.runtime.telemetry import write_jsonl
 from rapid.runtime.tree import TreeParams
 from rapid.sampling import SamplingParams
@@ -68,9 +66,7 @@ async def generate_text(edge: EdgeModel, cloud: str, prompt_ids: list[int], *, p
     sees every batch of newly committed token ids."""
     sampling = sampling or SamplingParams()
     tree = tree or TreeParams()
-    config = config or CoordinatorConfig(depth=tree.depth)
-    drafter = Drafter(edge.engine, tree, edge.stop_ids)
-    coord = Coordinator(drafter, link or CloudLink(cloud), get_policy(policy), config)
+    coord = assemble(edge.engine, tree, edge.stop_ids, link or cloud, policy, config)
     detok = Detokenizer(edge.tokenizer)
     pieces: list[str] = []
 
