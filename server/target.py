@@ -32,6 +32,10 @@ class BadTreeError(RapidError):
     """The tree a client sent is malformed or exceeds a limit."""
 
 
+class PromptTooLongError(BadTreeError):
+    """The prompt does not fit the session's context."""
+
+
 class TargetSession:
     """One edge's sequence on the target model."""
 
@@ -40,7 +44,7 @@ class TargetSession:
         if not prompt:
             raise BadTreeError("the prompt is empty")
         if len(prompt) + 1 > capacity:
-            raise BadTreeError(f"prompt of {len(prompt)} tokens does not fit the context ({capacity})")
+            raise PromptTooLongError(f"prompt of {len(prompt)} tokens does not fit the context ({capacity})")
         vocab = model.config.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise BadTreeError(f"prompt has token ids outside [0, {vocab})")
