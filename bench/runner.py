@@ -26,15 +26,18 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from rapid import models
 from rapid.bench import netem
 from rapid.bench.contention import LoadProcess, Schedule, load_device_for, parse_schedule, pin
 from rapid.bench.prompts import load_sets, pick, truncate_ids
+from rapid.errors import RapidError
 from rapid.procs import free_port, start_listening, stop_server
 from rapid.runtime.coordinator import CoordinatorConfig, assemble, controller_for
 from rapid.runtime.generate import open_edge_model
 from rapid.runtime.policies import get_policy
 from rapid.runtime.tree import TreeParams
 from rapid.sampling import SamplingParams
+from rapid.tiny import build_tiny
 
 
 @dataclass(slots=True)
@@ -86,14 +89,10 @@ def _start_cloud(target: str, port: int, host: str, cpu: int | None, profile: ne
 
 def _models(cfg: BenchConfig) -> tuple[str, str]:
     if cfg.smoke:
-        from rapid.tiny import build_tiny
-
         root = Path(tempfile.mkdtemp(prefix="rapid-bench-tiny-"))
         target = str(build_tiny(root / "target", seed=0))
         draft = str(build_tiny(root / "draft", seed=1, base_seed=0, perturb=0.05))
         return draft, target
-    from rapid import models
-
     need = [w for w, spec in (("target", cfg.target), ("draft", cfg.draft)) if spec == f"default-{w}"]
     if need:
         models.fetch_default(tuple(need))
@@ -110,8 +109,6 @@ def _net_mode(cfg: BenchConfig) -> tuple[str, str]:
     if ok:
         return "netem", ""
     if cfg.net == "netem":
-        from rapid.errors import RapidError
-
         raise RapidError(f"--net netem: a netns/netem link cannot be built here: {why}")
     return "transport", why
 
@@ -167,9 +164,7 @@ def run_bench(cfg: BenchConfig) -> Path:
             if mode == "netem":
                 ok, err = netem.setup(prof, plan)
                 if not ok:
-                    from rapid.errors import RapidError
-
-                    raise RapidError(f"netem setup failed: {err}")
+                                raise RapidError(f"netem setup failed: {err}")
                 host, prefix, delay_prof = plan.ns_ip, netem.exec_prefix(plan), None
             else:
                 host, prefix, delay_prof = "127.0.0.1", [], (prof if prof.rtt_ms > 0 else None)

@@ -39,6 +39,7 @@ import numpy as np
 
 from rapid.errors import RapidError
 from rapid.geometry import ancestor_mask, tree_depths
+from rapid.manifest import input_names, output_names
 
 log = logging.getLogger("rapid.export.parity")
 
@@ -99,7 +100,6 @@ def run_parity(onnx_path: str | Path, reference: Any, dtype: str = "fp32", *, th
     import torch
 
     from rapid.kvcache import StaticKV
-    from rapid.manifest import input_names, output_names
     from rapid.modeling import additive_mask
 
     if dtype not in THRESHOLDS:

@@ -13,7 +13,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from rapid import models
 from rapid.procs import free_port, start_server, stop_server
+from rapid.runtime.coordinator import CoordinatorConfig
+from rapid.runtime.generate import encode_prompt, generate_text, open_edge_model
+from rapid.runtime.tree import TreeParams
+from rapid.sampling import SamplingParams
+from rapid.tiny import build_tiny
 
 PROMPTS: list[tuple[str, str, bool]] = [  # (name, text, chat?)
     ("code", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n', False),
@@ -24,21 +30,12 @@ PROMPTS: list[tuple[str, str, bool]] = [  # (name, text, chat?)
 
 
 def run_demo(args) -> int:
-    from rapid.runtime.coordinator import CoordinatorConfig
-    from rapid.runtime.generate import encode_prompt, generate_text, open_edge_model
-    from rapid.runtime.tree import TreeParams
-    from rapid.sampling import SamplingParams
-
     t_all = time.perf_counter()
     if args.tiny:
-        from rapid.tiny import build_tiny
-
         root = Path(tempfile.mkdtemp(prefix="rapid-demo-"))
         target = str(build_tiny(root / "target", seed=0))
         draft = str(build_tiny(root / "draft", seed=1, base_seed=0, perturb=0.05))
     else:
-        from rapid import models
-
         need = [w for w, spec in (("target", args.target), ("draft", args.draft)) if spec == f"default-{w}"]
         if need:
             models.fetch_default(tuple(need))
