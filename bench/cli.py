@@ -7,6 +7,11 @@ import sys
 import time
 from pathlib import Path
 
+from rapid.bench.prompts import default_prompt_dir
+from rapid.bench.report import write_report
+from rapid.bench.runner import BenchConfig, run_bench
+from rapid.bench.sim_report import run_sim_cli
+
 # 4 min on the default pair (2 cores): the sustained-load comparison only, short prompts and outputs
 QUICK = dict(policies="fixed,rapid", sets="c4", n_prompts=1, token_budget=32, max_new=8,
              schedules="sustained", profiles="wan", repeats=3)
@@ -62,8 +67,6 @@ def bench_parser() -> argparse.ArgumentParser:
 
 
 def main_bench(argv: list[str]) -> int:
-    from rapid.bench.report import write_report
-    from rapid.bench.runner import BenchConfig, run_bench
 
     a = bench_parser().parse_args(argv)
     out = Path(a.out or f"bench-out/{time.strftime('%Y%m%d-%H%M%S')}")
@@ -86,8 +89,6 @@ def main_bench(argv: list[str]) -> int:
         net=a.net, seed=a.seed, engine=a.engine, smoke=a.smoke, progress=not a.no_progress,
         carry_controller=not a.fresh_controller, load_device=a.load_device)
     if a.sets is None and a.prompts is None:
-        from rapid.bench.prompts import default_prompt_dir
-
         if default_prompt_dir() is None:  # no shared prompt sets here: the built-in prompts
             cfg.sets = None
         elif a.smoke:
@@ -118,7 +119,6 @@ def sim_parser() -> argparse.ArgumentParser:
 
 
 def main_sim(argv: list[str]) -> int:
-    from rapid.bench.sim_report import run_sim_cli
 
     a = sim_parser().parse_args(argv)
     return run_sim_cli(a)

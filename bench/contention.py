@@ -19,6 +19,8 @@ import os
 import time
 from dataclasses import dataclass
 
+from rapid.errors import RapidError
+
 
 @dataclass(slots=True, frozen=True)
 class Schedule:
@@ -185,8 +187,6 @@ class LoadProcess:
         if device == "cuda" and schedule.kind != "none":
             ok, why = gpu_load_available()
             if not ok:
-                from rapid.errors import RapidError
-
                 raise RapidError(f"GPU contention load: {why}")
         self.schedule = schedule
         self.device = device

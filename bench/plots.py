@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from rapid.bench.contention import Schedule
+
 
 def _plt():
     import matplotlib
@@ -16,8 +18,6 @@ def _plt():
 
 
 def _schedule_of(meta: dict, name: str):
-    from rapid.bench.contention import Schedule
-
     d = meta.get("schedules", {}).get(name)
     return Schedule(**d) if d else None
 

@@ -9,6 +9,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from rapid.bench.plots import make_plots
+
 METRICS = [  # (column, header)
     ("tok_s", "throughput tok/s"),
     ("per_token_ms", "mean per-token latency ms"),
@@ -142,8 +144,6 @@ def write_report(folder: str | Path, plots: bool = True) -> dict[str, Path]:
     files = {"summary": folder / "summary.csv", "report": folder / "report.md"}
     write_summary_csv(rows, files["summary"])
     if plots:
-        from rapid.bench.plots import make_plots
-
         files.update(make_plots(folder, rows, rounds, meta))
     same, checked = lossless_check(runs)
     cfg = meta.get("config", {})

@@ -26,9 +26,18 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from rapid import models
 from rapid.bench import netem
 from rapid.bench.contention import LoadProcess, Schedule, load_device_for, parse_schedule, pin
 from rapid.bench.prompts import load_sets, pick, truncate_ids
+from rapid.errors import RapidError
+from rapid.procs import free_port, start_listening, stop_server
+from rapid.runtime.coordinator import CoordinatorConfig, assemble, controller_for
+from rapid.runtime.generate import open_edge_model
+from rapid.runtime.policies import get_policy
+from rapid.runtime.tree import TreeParams
+from rapid.sampling import SamplingParams
+from rapid.tiny import build_tiny
 
 
 @dataclass(slots=True)
@@ -69,30 +78,21 @@ def _cpus() -> set[int]:
 
 def _start_cloud(target: str, port: int, host: str, cpu: int | None, profile: netem.NetProfile | None,
                  log_path: Path, prefix: list[str], seed: int, timeout: float = 600.0) -> subprocess.Popen:
-    from rapid.demo import wait_listening
-
     cmd = [*prefix, sys.executable, "-m", "rapid.bench.cloud", "--target", target, "--host", host,
            "--port", str(port), "--seed", str(seed)]
     if cpu is not None:
         cmd += ["--cpus", str(cpu)]
     if profile is not None:
         cmd += ["--rtt-ms", str(profile.rtt_ms), "--jitter-ms", str(profile.jitter_ms)]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    log = open(log_path, "w")  # noqa: SIM115 - lives as long as the process
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    return wait_listening(proc, host, port, timeout, log_path)
+    return start_listening(cmd, host, port, timeout, log_path, env=dict(os.environ, OMP_NUM_THREADS="1"))
 
 
 def _models(cfg: BenchConfig) -> tuple[str, str]:
     if cfg.smoke:
-        from rapid.tiny import build_tiny
-
         root = Path(tempfile.mkdtemp(prefix="rapid-bench-tiny-"))
         target = str(build_tiny(root / "target", seed=0))
         draft = str(build_tiny(root / "draft", seed=1, base_seed=0, perturb=0.05))
         return draft, target
-    from rapid import models
-
     need = [w for w, spec in (("target", cfg.target), ("draft", cfg.draft)) if spec == f"default-{w}"]
     if need:
         models.fetch_default(tuple(need))
@@ -109,8 +109,6 @@ def _net_mode(cfg: BenchConfig) -> tuple[str, str]:
     if ok:
         return "netem", ""
     if cfg.net == "netem":
-        from rapid.errors import RapidError
-
         raise RapidError(f"--net netem: a netns/netem link cannot be built here: {why}")
     return "transport", why
 
@@ -118,15 +116,6 @@ def _net_mode(cfg: BenchConfig) -> tuple[str, str]:
 def run_bench(cfg: BenchConfig) -> Path:
     """Run the matrix; write the output folder; return it."""
     from tqdm import tqdm
-
-    from rapid.demo import free_port, stop_server
-    from rapid.runtime.coordinator import Coordinator, CoordinatorConfig, controller_for
-    from rapid.runtime.drafter import Drafter
-    from rapid.runtime.generate import open_edge_model
-    from rapid.runtime.link import CloudLink
-    from rapid.runtime.policies import get_policy
-    from rapid.runtime.tree import TreeParams
-    from rapid.sampling import SamplingParams
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -175,9 +164,7 @@ def run_bench(cfg: BenchConfig) -> Path:
             if mode == "netem":
                 ok, err = netem.setup(prof, plan)
                 if not ok:
-                    from rapid.errors import RapidError
-
-                    raise RapidError(f"netem setup failed: {err}")
+                                raise RapidError(f"netem setup failed: {err}")
                 host, prefix, delay_prof = plan.ns_ip, netem.exec_prefix(plan), None
             else:
                 host, prefix, delay_prof = "127.0.0.1", [], (prof if prof.rtt_ms > 0 else None)
@@ -194,8 +181,7 @@ def run_bench(cfg: BenchConfig) -> Path:
                 # one warm-up per policy whose depth reacts to the baseline (plus the first policy)
                 warm = [p for i, p in enumerate(policies) if i == 0 or (cfg.carry_controller and p.adaptive_depth)]
                 for pol in warm:
-                    _warm = Drafter(edge.engine, tree, edge.stop_ids)
-                    asyncio.run(Coordinator(_warm, CloudLink(url), pol, ccfg, controller=ctrls.get(pol.name))
+                    asyncio.run(assemble(edge.engine, tree, edge.stop_ids, url, pol, ccfg, ctrls.get(pol.name))
                                 .generate(first, 8 if cfg.carry_controller else 2, sampling))
                 for sched in schedules:
                     with LoadProcess(sched, edge_cpus, load_device) as load:
@@ -210,8 +196,7 @@ def run_bench(cfg: BenchConfig) -> Path:
                                                     "set": set_name, "prompt_id": prompt.id, "repeat": rep,
                                                     "prompt_tokens": len(ids)}
                                         _one(out, edge, tree, sampling, cfg, pol, url, ids, load, sched, row_meta,
-                                             ctrls.get(pol.name), Drafter, CloudLink, Coordinator,
-                                             CoordinatorConfig)
+                                             ctrls.get(pol.name))
                                         bar.update(1)
             finally:
                 stop_server(proc)
@@ -224,9 +209,8 @@ def run_bench(cfg: BenchConfig) -> Path:
 
 
 def _one(out, edge, tree, sampling, cfg, pol, url, ids, load: LoadProcess, sched: Schedule, row_meta,
-         controller, Drafter, CloudLink, Coordinator, CoordinatorConfig) -> None:
-    drafter = Drafter(edge.engine, tree, edge.stop_ids)
-    coord = Coordinator(drafter, CloudLink(url), pol, CoordinatorConfig(depth=cfg.depth), controller=controller)
+         controller) -> None:
+    coord = assemble(edge.engine, tree, edge.stop_ids, url, pol, CoordinatorConfig(depth=cfg.depth), controller)
     load.start_epoch()
     t0 = time.perf_counter()  # the schedule's epoch on the coordinator's clock
     gen = asyncio.run(coord.generate(ids, cfg.max_new, sampling))

@@ -29,10 +29,10 @@ import random
 import statistics
 from dataclasses import dataclass, field
 
-from rapid.bench.calibration import Calibration, calibrate, load_traces  # noqa: F401  (calibrate, load_traces: re-exported)
+from rapid.bench.calibration import Calibration
 from rapid.bench.contention import Schedule
 from rapid.bench.netem import NetProfile
-from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
+from rapid.runtime.coordinator import CoordinatorConfig, controller_for
 from rapid.runtime.policies import POLICIES, Policy
 
 ORACLE = "oracle"
@@ -67,7 +67,7 @@ class _Edge:
         self.load_oracle = policy == ORACLE_LOAD
         self.policy = POLICIES["rapid"] if isinstance(policy, str) else policy
         # the controller exactly as the runtime's coordinator builds it
-        self.ctrl = Coordinator(None, None, self.policy, config).controller  # type: ignore[arg-type]
+        self.ctrl = controller_for(self.policy, config)
         self.cal, self.sched, self.prof = cal, sched, prof
         if cal.warm_controller:  # as rapid bench / the daemon: a baseline learned uncontended
             wr = random.Random(seed * 7 + idx)

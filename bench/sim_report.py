@@ -12,13 +12,13 @@ from pathlib import Path
 from rapid.bench.calibration import calibrate, fit_cloud, fit_prompt_set, load_traces
 from rapid.bench.contention import Schedule, parse_schedule
 from rapid.bench.netem import get_profile
+from rapid.bench.plots import _plt
+from rapid.bench.report import aggregate
 from rapid.bench.sim import ORACLE, ORACLE_LOAD, sim_tok_s, simulate
 from rapid.runtime.policies import POLICIES
 
 
 def run_sim_cli(a) -> int:
-    from rapid.bench.report import aggregate
-
     per_run = [(Path(t).name, *load_traces([t])) for t in a.traces]  # (name, rounds, runs, meta), read once
     rounds = [r for _, rs, _, _ in per_run for r in rs]
     runs = [r for _, _, us, _ in per_run for r in us]
@@ -164,8 +164,6 @@ def _write_sim_md(out: Path, res: dict) -> None:
 def _plot_scale(out: Path, scale: list[dict]) -> None:
     if not scale:
         return
-    from rapid.bench.plots import _plt
-
     plt = _plt()
     fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
     for pol in sorted({r["policy"] for r in scale}):

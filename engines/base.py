@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from rapid.masks import causal_allowed  # noqa: F401  (re-exported: part of the engine API)
+from rapid.errors import ContextFullError
 
 
 @dataclass(slots=True, frozen=True)
@@ -83,7 +83,5 @@ def check_step_args(kv_len: int, capacity: int, tokens: Sequence[int], positions
     if allowed.shape != (t, kv_len + t):
         raise ValueError(f"allowed must be [{t}, {kv_len + t}], got {list(allowed.shape)}")
     if kv_len + t > capacity:
-        from rapid.kvcache import ContextFullError
-
         raise ContextFullError(f"draft KV cache full: {kv_len} + {t} > capacity {capacity}")
     return t

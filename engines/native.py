@@ -35,13 +35,11 @@ import ctypes
 import functools
 import operator
 import os
-import shutil  # noqa: F401 -- kept as native.shutil (tests patch native.shutil.which)
 import threading
 from pathlib import Path
 
 import numpy as np
 
-from rapid.engines.kvops_abi import _SUFFIX as _SUFFIX
 from rapid.engines.kvops_abi import (
     ABI_VERSION,
     CPU_LIB,
@@ -56,13 +54,7 @@ from rapid.engines.kvops_abi import (
     _lib_filename,
     _raise_rc,
 )
-from rapid.engines.kvops_abi import CUDA_CHUNK as CUDA_CHUNK
-from rapid.engines.kvops_abi import ERR_ARG as ERR_ARG
-from rapid.engines.kvops_abi import ERR_CUDA as ERR_CUDA
-from rapid.engines.kvops_abi import ERR_NOMEM as ERR_NOMEM
-from rapid.engines.kvops_abi import OK as OK
 from rapid.engines.kvops_build import DEFAULT_BUILD_DIR, KVOpsBuildError, cmake_build
-from rapid.engines.kvops_build import REPO_ROOT as REPO_ROOT
 from rapid.engines.kvops_cuda import CudaKVOps, compare_with_reference
 from rapid.engines.kvops_numpy import (
     _as_index,

@@ -49,7 +49,7 @@ import numpy as np
 
 from rapid.engines.base import EngineInfo, ReadyHandle, check_step_args
 from rapid.errors import RapidError
-from rapid.export.manifest import ONNX_FILE, input_names, load_manifest, numpy_dtype, output_names
+from rapid.manifest import ONNX_FILE, input_names, load_manifest, numpy_dtype, output_names
 
 log = logging.getLogger("rapid.engines.onnx")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rapid.errors import RapidError
-from rapid.export.manifest import ENGINE_FILE, ONNX_FILE, is_export_dir, load_manifest
+from rapid.manifest import ENGINE_FILE, ONNX_FILE, is_export_dir, load_manifest
 
 log = logging.getLogger("rapid.engines")
 

@@ -41,49 +41,14 @@ import numpy as np
 
 from rapid.engines.base import EngineInfo, check_step_args
 from rapid.errors import RapidError
-from rapid.export.manifest import ENGINE_FILE, input_names, load_manifest, output_names
+from rapid.manifest import ENGINE_FILE, input_names, load_manifest, output_names
+from rapid.trt_support import TENSORRT_HINT, TrtUnavailableError, missing_modules, require_tensorrt
 
 log = logging.getLogger("rapid.engines.trt")
 
 MASK_BLOCKED = -1e9
-TENSORRT_HINT = (
-    "on a Jetson, TensorRT ships with JetPack (`sudo apt install nvidia-jetpack`, or just "
-    "`python3-libnvinfer`); create the virtualenv with --system-site-packages to see it. "
-    "Elsewhere: `pip install tensorrt` (10.x)")
-
-
-class TrtUnavailableError(RapidError):
-    """tensorrt and/or pycuda are missing, or there is no usable GPU."""
-
-
 class TrtEngineError(RapidError):
     """The TensorRT engine cannot be loaded or run."""
-
-
-def require_tensorrt() -> Any:
-    try:
-        import tensorrt as trt
-    except ImportError as e:
-        raise TrtUnavailableError(f"the TensorRT backend needs the `tensorrt` module, which is not installed: "
-                                  f"{TENSORRT_HINT}") from e
-    major = int(str(trt.__version__).split(".")[0])
-    if major < 10:
-        raise TrtUnavailableError(f"TensorRT {trt.__version__} is too old: the backend uses the TensorRT 10 API")
-    return trt
-
-
-def missing_modules() -> list[str]:
-    """Which of tensorrt / pycuda cannot be imported (without initialising CUDA)."""
-    import importlib.util
-
-    out = []
-    for name in ("tensorrt", "pycuda"):
-        try:
-            if importlib.util.find_spec(name) is None:
-                out.append(name)
-        except (ImportError, ValueError):
-            out.append(name)
-    return out
 
 
 def _sequential_safe(src: np.ndarray, dst: np.ndarray) -> bool:

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rapid.errors import RapidError
-from rapid.export.manifest import ONNX_FILE
 from rapid.export.onnx_export import export_onnx
 from rapid.export.quantize import SCHEMES, QuantConfig, quantize_export
+from rapid.manifest import ONNX_FILE
 
 
 def load_export_tokenizer(out: Path):

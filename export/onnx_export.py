@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from rapid.errors import RapidError
-from rapid.export.manifest import (
+from rapid.manifest import (
     ENGINE_FILE,
     FORMAT,
     FORMAT_VERSION,

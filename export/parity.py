@@ -38,6 +38,8 @@ from typing import Any
 import numpy as np
 
 from rapid.errors import RapidError
+from rapid.geometry import ancestor_mask, tree_depths
+from rapid.manifest import input_names, output_names
 
 log = logging.getLogger("rapid.export.parity")
 
@@ -52,20 +54,10 @@ class ParityError(RapidError):
 
 
 def tree_allowed(parents: tuple[int, ...] | list[int], prefix: int) -> tuple[np.ndarray, np.ndarray]:
-    """(allowed [T, prefix+T] bool, depth [T]) for a tree given by parent indices (-1 = root)."""
+    """(allowed [T, prefix+T] bool, depth [T] from 0) for a whole tree fed after ``prefix`` slots."""
     t = len(parents)
-    allowed = np.zeros((t, prefix + t), dtype=bool)
-    allowed[:, :prefix] = True
-    depth = np.zeros(t, dtype=np.int64)
-    for i, p in enumerate(parents):
-        if p >= i:
-            raise ValueError("parents must come before their children")
-        j = i
-        while j >= 0:
-            allowed[i, prefix + j] = True
-            j = parents[j]
-        depth[i] = 0 if p < 0 else depth[p] + 1
-    return allowed, depth
+    allowed = ancestor_mask(parents, range(t), [prefix + j for j in range(t)], prefix)
+    return allowed, np.asarray(tree_depths(parents), dtype=np.int64) - 1
 
 
 def parity_steps(vocab: int, seed: int = 0) -> list[dict[str, Any]]:
@@ -107,7 +99,6 @@ def run_parity(onnx_path: str | Path, reference: Any, dtype: str = "fp32", *, th
     """
     import torch
 
-    from rapid.export.manifest import input_names, output_names
     from rapid.kvcache import StaticKV
     from rapid.modeling import additive_mask
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from rapid.errors import RapidError
-from rapid.export.manifest import ONNX_FILE, input_names, load_manifest, write_manifest
+from rapid.manifest import ONNX_FILE, input_names, load_manifest, write_manifest
 
 log = logging.getLogger("rapid.export")
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from rapid.errors import RapidError
-from rapid.export.manifest import (
+from rapid.manifest import (
     ENGINE_FILE,
     ONNX_FILE,
     TIMING_CACHE_FILE,
@@ -41,6 +41,7 @@ from rapid.export.manifest import (
     load_manifest,
     write_manifest,
 )
+from rapid.trt_support import require_tensorrt
 
 log = logging.getLogger("rapid.export.trt")
 
@@ -76,8 +77,6 @@ def build_trt(onnx_path: str | Path, out_dir: str | Path | None = None, fp16: bo
               max_context: int | None = None, max_tree: int | None = None, *, workspace_gb: float = 2.0,
               progress: bool = True) -> dict[str, Any]:
     """Build ``draft.engine`` (+ ``timing.cache``); return the ``"trt"`` manifest entry."""
-    from rapid.engines.trt_engine import require_tensorrt
-
     trt = require_tensorrt()
     onnx_path = Path(onnx_path).expanduser()
     if onnx_path.is_dir():

@@ -18,20 +18,7 @@ import sys
 
 from rapid.errors import RapidError
 from rapid.export.export_cli import add_quantize_arguments
-
-
-def _add_tree_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--policy", default="rapid", help="fixed|npdg|ipdg|caac|rapid|edgellm|ar (default rapid)")
-    p.add_argument("--depth", type=int, default=4, help="tree depth (fixed policies) / initial depth (CAAC)")
-    p.add_argument("--budget", type=int, default=8, help="max tree nodes kept per round")
-    p.add_argument("--topk", type=int, default=2, help="children per expanded node")
-    p.add_argument("--width", type=int, default=2, help="nodes expanded per step")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (draws depend on (seed, position))")
-    p.add_argument("--threads", type=int, default=1, help="torch/ORT threads in this process")
+from rapid.runtime.args import add_tree_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     g.add_argument("--capacity", type=int, default=2048, help="draft KV capacity (context + tree slots)")
     g.add_argument("--trace", help="write per-round telemetry as JSON lines to this file")
-    _add_tree_args(g)
+    add_tree_args(g)
 
     d = sub.add_parser("demo", help="serve + generate on built-in prompts; compare with the target alone")
     d.add_argument("--draft", default="default-draft-int4",
@@ -80,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--tiny", action="store_true", help="use tiny random models (no download; for a quick check)")
     d.add_argument("--engine", default="auto", help="torch|onnx|trt|auto (auto: onnx for an export folder)")
     d.add_argument("--prompts", type=int, default=3, help="how many built-in prompts to run")
-    _add_tree_args(d)
+    add_tree_args(d)
     d.set_defaults(max_tokens=48)
 
     e = sub.add_parser("export", help="export a draft model to ONNX (and TensorRT)")

@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from rapid.errors import RapidError
+from rapid import models
+from rapid.export.quantize import QuantConfig, ensure_quantized_export
+from rapid.manifest import is_export_dir
+from rapid.procs import free_port, split_cores, start_server, stop_server
+from rapid.runtime.coordinator import CoordinatorConfig
+from rapid.runtime.generate import encode_prompt, generate_text, open_edge_model
+from rapid.runtime.tree import TreeParams
+from rapid.sampling import SamplingParams
+from rapid.tiny import build_tiny
 
 PROMPTS: list[tuple[str, str, bool]] = [  # (name, text, chat?)
     ("code", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n', False),
@@ -26,67 +32,14 @@ PROMPTS: list[tuple[str, str, bool]] = [  # (name, text, chat?)
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(target: str, port: int, extra: list[str] | None = None, timeout: float = 600.0,
-                 log_path: Path | None = None, cpus: set[int] | None = None) -> subprocess.Popen:
-    """Start ``rapid serve`` (pinned to ``cpus`` when given) and wait until its port accepts connections."""
-    log = open(log_path or os.devnull, "w")  # noqa: SIM115 - lives as long as the process
-    cmd = [sys.executable, "-m", "rapid.cli", "serve", "--target", target, "--port", str(port), *(extra or [])]
-    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=pin)
-    return wait_listening(proc, "127.0.0.1", port, timeout, log_path)
-
-
-def split_cores() -> tuple[set[int], set[int]] | None:
-    """(edge cores, cloud cores): the first allowed core for the edge, the next for the cloud,
-    so the proactive branch really drafts while the cloud verifies; None on a single core."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    return ({cpus[0]}, {cpus[1]}) if len(cpus) >= 2 else None
-
-
-def wait_listening(proc: subprocess.Popen, host: str, port: int, timeout: float,
-                   log_path: Path | None = None) -> subprocess.Popen:
-    """Wait until ``proc`` accepts connections on ``host:port``; a clear error if it dies or stalls."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            msg = Path(log_path).read_text()[-2000:] if log_path else ""
-            raise RapidError(f"the verifier exited with code {proc.returncode} before listening\n{msg}")
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return proc
-        except OSError:
-            time.sleep(0.3)
-    proc.kill()
-    raise RapidError(f"the verifier did not listen on {host}:{port} within {timeout:.0f}s")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-
-
 FAST_DRAFT = "default-draft-int4"  # the default draft exported to ONNX, weights int4 (MatMulNBits)
 
 
 def resolve_draft(spec: str) -> str:
     """An export folder as is; ``default-draft-int4`` built once in the cache; else a model spec."""
-    from rapid import models
-    from rapid.export.manifest import is_export_dir
-
     if is_export_dir(spec):
         return spec
     if spec == FAST_DRAFT:
-        from rapid.export.quantize import QuantConfig, ensure_quantized_export
-
         models.fetch_default(("draft",))
         return str(ensure_quantized_export("default-draft", models.cache_dir() / "exports" / FAST_DRAFT,
                                            QuantConfig("int4")))
@@ -97,24 +50,15 @@ def resolve_draft(spec: str) -> str:
 
 def _models(args) -> tuple[str, str]:
     if args.tiny:
-        from rapid.tiny import build_tiny
-
         root = Path(tempfile.mkdtemp(prefix="rapid-demo-"))
         return (str(build_tiny(root / "target", seed=0)),
                 str(build_tiny(root / "draft", seed=1, base_seed=0, perturb=0.05)))
-    from rapid import models
-
     if args.target == "default-target":
         models.fetch_default(("target",))
     return models.resolve_model(args.target), resolve_draft(args.draft)
 
 
 def run_demo(args) -> int:
-    from rapid.runtime.coordinator import CoordinatorConfig
-    from rapid.runtime.generate import encode_prompt, generate_text, open_edge_model
-    from rapid.runtime.tree import TreeParams
-    from rapid.sampling import SamplingParams
-
     t_all = time.perf_counter()
     target, draft = _models(args)
     port = free_port()

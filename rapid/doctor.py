@@ -43,21 +43,23 @@ def cuda_driver() -> str:
     return "no CUDA driver (libcuda not found)"
 
 
+# A serialized one-node ONNX model, y = Identity(x) over float[1], IR 8, opset 17: what
+# onnx.helper.make_model builds (tests/test_doctor.py checks it), stored so that the probe needs
+# only onnxruntime (the `edge` extra has no `onnx` package).
+PROBE_MODEL = (b'\x08\x08:;\n\x10\n\x01x\x12\x01y"\x08Identity\x12\x05probeZ\x0f\n\x01x\x12\n\n\x08\x08\x01'
+               b'\x12\x04\n\x02\x08\x01b\x0f\n\x01y\x12\n\n\x08\x08\x01\x12\x04\n\x02\x08\x01B\x04\n\x00\x10\x11')
+
+
 def ort_providers() -> list[str]:
     """Providers that really initialise: open a one-node model with each and read back get_providers()[0]."""
     try:
         import onnxruntime as ort
-        from onnx import TensorProto, helper
     except ImportError:
         return []
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
     working = []
     for p in ort.get_available_providers():
         try:
-            sess = ort.InferenceSession(model, providers=[p])
+            sess = ort.InferenceSession(PROBE_MODEL, providers=[p])
             if sess.get_providers()[0] == p:
                 working.append(p)
         except Exception:  # noqa: BLE001 - a provider that fails to start is exactly what we report

@@ -5,3 +5,7 @@ from __future__ import annotations
 
 class RapidError(Exception):
     """Base class of every error RAPID raises on purpose (as opposed to bugs)."""
+
+
+class ContextFullError(RapidError):
+    """The KV cache has no room for the requested entries."""

@@ -19,11 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from rapid.errors import RapidError
-
-
-class ContextFullError(RapidError):
-    """The KV cache has no room for the requested entries."""
+from rapid.errors import ContextFullError
 
 
 class StaticKV:

@@ -236,7 +236,6 @@ class Decoder(nn.Module):
         kv: KVStore,
         logits_rows: torch.Tensor | None = None,  # [R] rows of T to project; None = all
     ) -> torch.Tensor:  # [B, T or R, V]
-        c = self.config
         x = self.embed_tokens(input_ids)
         cos, sin = self.rope(position_ids, x.dtype)
         for i, layer in enumerate(self.layers):

@@ -19,14 +19,18 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from rapid.acceptance import finish
+from rapid.engines.base import DraftEngine
+from rapid.errors import ContextFullError
 from rapid.runtime.caac import CAAC, CAACConfig, CAACDecision, DepthController, FixedDepth
 from rapid.runtime.drafter import Drafter
 from rapid.runtime.link import CloudError, CloudLink
-from rapid.runtime.policies import Policy
+from rapid.runtime.policies import Policy, get_policy
 from rapid.runtime.telemetry import RoundRecord, Summary, summarize
+from rapid.runtime.tree import TreeParams
 from rapid.sampling import SamplingParams
-from rapid.server.target import finish
 from rapid.wire import Hello
 
 
@@ -99,8 +103,6 @@ class Coordinator:
         stop_ids = d.stop_ids
         need = len(prompt) + max_new + 4 * d.params.budget + 32
         if need > d.engine.info.capacity:
-            from rapid.kvcache import ContextFullError
-
             raise ContextFullError(f"prompt ({len(prompt)}) + max tokens ({max_new}) + tree slots need a draft "
                                    f"context of {need}, the engine has {d.engine.info.capacity}")
         t_begin = self.clock()
@@ -169,6 +171,22 @@ class Coordinator:
         await self.link.close()
         wall = self.clock() - t_begin
         return Generation(out, records, summarize(p.name, records, len(out), wall), stopped)
+
+
+def assemble(engine: DraftEngine, tree: TreeParams, stop_ids: Sequence[int], link: CloudLink | str,
+             policy: Policy | str, config: CoordinatorConfig | None = None,
+             controller: DepthController | None = None, **options: Any) -> Coordinator:
+    """The edge's one assembly: a Drafter over ``engine``, a CloudLink (a URL makes a plain one; build
+    it yourself for a token, TLS or retry options) and the Coordinator that drives them.
+
+    ``config`` defaults to ``CoordinatorConfig(depth=tree.depth)``; ``options`` (clock, step_hook)
+    go to the Coordinator.
+    """
+    drafter = Drafter(engine, tree, stop_ids)
+    cloud = CloudLink(link) if isinstance(link, str) else link
+    pol = get_policy(policy) if isinstance(policy, str) else policy
+    return Coordinator(drafter, cloud, pol, config or CoordinatorConfig(depth=tree.depth), controller=controller,
+                       **options)
 
 
 def controller_for(policy: Policy, config: CoordinatorConfig) -> DepthController:

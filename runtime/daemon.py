@@ -26,25 +26,24 @@ daemon draws a random seed per request (OpenAI semantics: not reproducible unles
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import signal
 
+from rapid.auth import client_ssl_context, load_token
 from rapid.errors import RapidError
-from rapid.runtime.edge_metrics import EdgeMetrics as EdgeMetrics
+from rapid.runtime.args import add_tree_args
 from rapid.runtime.engine_pool import EdgeService
-from rapid.runtime.engine_pool import Request as Request
-from rapid.runtime.engine_pool import Result as Result
-from rapid.runtime.engine_pool import _Abort as _Abort
-from rapid.runtime.openai_api import HTTPRequest as HTTPRequest
+from rapid.runtime.generate import open_edge_model
 from rapid.runtime.openai_api import create_app
+from rapid.runtime.tree import TreeParams
 
 log = logging.getLogger("rapid.edge.daemon")
 
 
 def _server_class():
-    import contextlib
-
-    import uvicorn
+    import uvicorn  # optional: only the daemon needs it
 
     class Server(uvicorn.Server):
         """uvicorn re-raises SIGTERM after its graceful shutdown (exit status -15); a service
@@ -52,8 +51,6 @@ def _server_class():
 
         @contextlib.contextmanager
         def capture_signals(self):
-            import signal
-
             previous = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
             try:
                 yield
@@ -65,8 +62,6 @@ def _server_class():
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rapid.cli import _add_tree_args
-
     ap = argparse.ArgumentParser(prog="rapid edge", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--engine", help="an export folder (rapid export): ONNX / TensorRT draft")
@@ -81,19 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--model-name", help="model id reported by /v1/models (default: the draft's name)")
     ap.add_argument("--retry-timeout", type=float, default=30.0, help="silence before the link re-sends/reconnects")
     ap.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds to finish requests on SIGTERM")
-    _add_tree_args(ap)
+    add_tree_args(ap)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    import uvicorn
-
-    from rapid.auth import client_ssl_context, load_token
+    import uvicorn  # optional: only the daemon needs it
 
     _Server = _server_class()
-    from rapid.runtime.generate import open_edge_model
-    from rapid.runtime.tree import TreeParams
-
     args = build_parser().parse_args(argv)
     source = args.engine or args.draft or "default-draft"
     host, _, port = args.listen.rpartition(":")

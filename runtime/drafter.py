@@ -17,9 +17,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from rapid.engines.base import DraftEngine, causal_allowed
+from rapid.engines.base import DraftEngine
+from rapid.geometry import ROOT, ancestor_mask, causal_allowed, node_positions
 from rapid.runtime.ipdg import ProactiveRoot, VerdictPlan, choose_proactive_root, plan_verdict
-from rapid.runtime.tree import ROOT, TokenTree, TreeParams, positions, tree_attention
+from rapid.runtime.tree import TokenTree, TreeParams
 from rapid.sampling import log_softmax
 
 
@@ -76,9 +77,9 @@ class Drafter:
 
     def _feed_nodes(self, nodes: list[int], phase: str) -> StepRecord:
         kv = self.engine.kv_len
-        allowed = tree_attention(self.tree, nodes, self.prefix_len, kv)
-        logp, rec = self._feed([self.tree.tokens[i] for i in nodes],
-                               positions(self.tree, nodes, self.root_position), allowed, phase)
+        allowed = ancestor_mask(self.tree.parents, nodes, self.tree.slot, kv, see=self.prefix_len)
+        pos = node_positions([self.tree.depth[i] for i in nodes], self.root_position)
+        logp, rec = self._feed([self.tree.tokens[i] for i in nodes], pos, allowed, phase)
         k = self.params.topk + 1
         for r, i in enumerate(nodes):
             self.tree.slot[i] = kv + r

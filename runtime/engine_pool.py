@@ -14,7 +14,13 @@ import logging
 from dataclasses import dataclass, field
 
 from rapid.errors import RapidError
+from rapid.runtime.coordinator import CoordinatorConfig, assemble, controller_for
+from rapid.runtime.detok import Detokenizer
 from rapid.runtime.edge_metrics import EdgeMetrics
+from rapid.runtime.link import CloudLink
+from rapid.runtime.policies import get_policy
+from rapid.runtime.tree import TreeParams
+from rapid.sampling import SamplingParams
 
 log = logging.getLogger("rapid.edge.daemon")
 
@@ -47,9 +53,6 @@ class EdgeService:
 
     def __init__(self, edges: list, cloud: str, *, policy: str = "rapid", tree=None, token: str | None = None,
                  ssl=None, model_name: str = "rapid", link_options: dict | None = None) -> None:
-        from rapid.runtime.policies import get_policy
-        from rapid.runtime.tree import TreeParams
-
         self.edges = edges
         self.tokenizer = edges[0].tokenizer
         self.cloud, self.token, self.ssl = cloud, token, ssl
@@ -91,12 +94,6 @@ class EdgeService:
         return res, abort, task
 
     async def _generate(self, req: Request, res: Result, abort: asyncio.Event) -> None:
-        from rapid.runtime.coordinator import Coordinator, CoordinatorConfig, controller_for
-        from rapid.runtime.detok import Detokenizer
-        from rapid.runtime.drafter import Drafter
-        from rapid.runtime.link import CloudLink
-        from rapid.sampling import SamplingParams
-
         pool = self.pool()
         self.metrics.waiting.inc()
         try:
@@ -138,10 +135,9 @@ class EdgeService:
                 raise _Abort
 
         try:
-            drafter = Drafter(edge.engine, self.tree, edge.stop_ids)
             cfg = CoordinatorConfig(depth=self.tree.depth)
             ctrl = self._controllers.setdefault(id(edge), controller_for(self.policy, cfg))
-            coord = Coordinator(drafter, link, self.policy, cfg, controller=ctrl)
+            coord = assemble(edge.engine, self.tree, edge.stop_ids, link, self.policy, cfg, ctrl)
             sampling = SamplingParams(req.temperature, req.top_p, 0, req.seed)
             try:
                 gen = await coord.generate(req.prompt_ids, req.max_tokens, sampling, on_tokens)

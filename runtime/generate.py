@@ -9,11 +9,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rapid.runtime.coordinator import Coordinator, CoordinatorConfig, Generation
+from rapid.engines.select import open_engine
+from rapid.manifest import is_export_dir
+from rapid.models import load_tokenizer
+from rapid.runtime.coordinator import CoordinatorConfig, Generation, assemble
 from rapid.runtime.detok import Detokenizer
-from rapid.runtime.drafter import Drafter
 from rapid.runtime.link import CloudLink
-from rapid.runtime.policies import get_policy
 from rapid.runtime.telemetry import write_jsonl
 from rapid.runtime.tree import TreeParams
 from rapid.sampling import SamplingParams
@@ -30,17 +31,12 @@ class EdgeModel:
 
 def open_edge_model(draft: str, engine: str = "auto", capacity: int = 2048, threads: int = 1) -> EdgeModel:
     """Load the draft behind the requested backend (``rapid.engines.select``) and its tokenizer."""
-    from rapid.engines.select import open_engine
-    from rapid.export.manifest import is_export_dir
-
     eng = open_engine(engine, draft, capacity=capacity, threads=threads)
     if is_export_dir(draft):  # the export copied the tokenizer: no hub needed on the edge
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(draft)
     else:
-        from rapid.models import load_tokenizer
-
         tok = load_tokenizer(draft)
     stop = set(eng.info.eos_token_ids)
     if getattr(tok, "eos_token_id", None) is not None:
@@ -68,9 +64,7 @@ async def generate_text(edge: EdgeModel, cloud: str, prompt_ids: list[int], *, p
     sees every batch of newly committed token ids."""
     sampling = sampling or SamplingParams()
     tree = tree or TreeParams()
-    config = config or CoordinatorConfig(depth=tree.depth)
-    drafter = Drafter(edge.engine, tree, edge.stop_ids)
-    coord = Coordinator(drafter, link or CloudLink(cloud), get_policy(policy), config)
+    coord = assemble(edge.engine, tree, edge.stop_ids, link or cloud, policy, config)
     detok = Detokenizer(edge.tokenizer)
     pieces: list[str] = []
 

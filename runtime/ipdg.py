@@ -27,7 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from rapid.runtime.tree import ROOT, TokenTree
+from rapid.geometry import ROOT
+from rapid.runtime.tree import TokenTree
 
 
 @dataclass(slots=True, frozen=True)

@@ -66,6 +66,10 @@ class _Lost(Exception):
     """The current connection is gone or silent (internal: triggers a reconnect)."""
 
 
+class _CannotConnect(_Lost):
+    """Dialling failed: nothing answered at the URL (internal: the first open fails fast)."""
+
+
 class CloudLink:
     def __init__(self, url: str, open_timeout: float = 10.0, delay_s: float = 0.0, *, token: str | None = None,
                  ssl=None, retry_timeout: float = 30.0, max_retry_s: float = 60.0, backoff_s: float = 0.05,
@@ -108,7 +112,7 @@ class CloudLink:
                 raise CloudError("unauthorized", "the cloud rejected the token (HTTP 401)") from None
             raise _Lost(f"handshake answered HTTP {status}") from None
         except (OSError, TimeoutError, websockets.InvalidHandshake, websockets.ConnectionClosed) as e:
-            raise _Lost(f"cannot connect to {self.url}: {e}") from None
+            raise _CannotConnect(f"cannot connect to {self.url}: {e}") from None
         await self._abandon()
         self._gen += 1
         self._ws = ws
@@ -227,7 +231,7 @@ class CloudLink:
         except _Lost as e:
             if not self.reconnect:
                 raise CloudError("unreachable", str(e)) from None
-            if "cannot connect" in str(e):  # nothing listens there: fail fast on the first open
+            if isinstance(e, _CannotConnect):  # nothing listens there: fail fast on the first open
                 raise CloudError("unreachable", str(e)) from None
             await self._recover(str(e))
             assert self.ready is not None

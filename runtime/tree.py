@@ -14,7 +14,8 @@ root for ℓ = 0), adds each one's ``topk`` most likely children, then keeps the
 nodes of highest score. Scores only fall along a path, so the kept set is closed under
 ancestors (ties go to the earlier, i.e. shallower, node). A tree of depth L takes L steps.
 
-Pure data: nothing here touches a model, a clock or a socket.
+Pure data: nothing here touches a model, a clock or a socket. The attention mask and the
+positions of fed nodes come from ``rapid.geometry`` (the same builder the target uses).
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rapid.geometry import ROOT
 from rapid.sampling import top_k_ids
-
-ROOT = -1
 
 
 @dataclass(slots=True, frozen=True)
@@ -152,22 +152,3 @@ class TokenTree:
             root_top=self.top[new_root],
         )
 
-
-def tree_attention(tree: TokenTree, nodes: list[int], prefix_len: int, kv_len: int) -> np.ndarray:
-    """Bool ``[T, kv_len + T]`` for feeding ``nodes``: prefix + fed ancestors + itself."""
-    t = len(nodes)
-    allowed = np.zeros((t, kv_len + t), dtype=bool)
-    allowed[:, :prefix_len] = True
-    for r, i in enumerate(nodes):
-        for a in tree.path(i)[:-1]:
-            s = tree.slot[a]
-            if s < 0:
-                raise ValueError(f"ancestor {a} of node {i} has not been fed")
-            allowed[r, s] = True
-        allowed[r, kv_len + r] = True
-    return allowed
-
-
-def positions(tree: TokenTree, nodes: list[int], root_position: int) -> list[int]:
-    """Absolute positions: the root sits at ``root_position``, a node at root_position + depth."""
-    return [root_position + tree.depth[i] for i in nodes]

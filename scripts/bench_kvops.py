@@ -31,7 +31,7 @@ from collections.abc import Callable  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from rapid.engines import native  # noqa: E402
+from rapid.engines import kvops_abi, native  # noqa: E402
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = np.dtype(args.dtype)
     buf = rng.standard_normal((args.outer, args.cap, args.inner)).astype(dtype)
     lib = native._load(native.CPU_LIB)[0]
-    raw = getattr(lib, f"rapid_kv_gather_{native._SUFFIX[dtype.itemsize]}")
+    raw = getattr(lib, f"rapid_kv_gather_{kvops_abi._SUFFIX[dtype.itemsize]}")
     p = buf.ctypes.data
     bound = native.bind(buf, backend="native")
 

@@ -92,14 +92,11 @@ def main() -> int:
         print(f"- GPU contention load: could not measure ({type(e).__name__}: {e})")
 
     # 4. exactness with the target on the GPU
-    sys.path.insert(0, "tests")
-    from cloud import BackgroundServer
-
-    from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
-    from rapid.runtime.link import CloudLink
+    from rapid.runtime.coordinator import CoordinatorConfig, assemble
     from rapid.runtime.policies import POLICIES
     from rapid.sampling import SamplingParams
     from rapid.server.app import VerifierServer
+    from rapid.server.background import BackgroundServer
     from rapid.server.target import reference_decode
 
     tgt_gpu = Decoder.from_hf(AutoModelForCausalLM.from_pretrained(tgt_dir, dtype=torch.float64)).to("cuda")
@@ -108,9 +105,10 @@ def main() -> int:
     for sp in (SamplingParams(), SamplingParams(temperature=0.9, top_p=0.95, seed=3)):
         ref = reference_decode(tgt_cpu, prompt, 40, sp, (EOS_ID,))
         for name, pol in POLICIES.items():
-            d = Drafter(TorchEngine(Decoder.from_hf(AutoModelForCausalLM.from_pretrained(drf_dir, dtype=torch.float64)),
-                                    1024, device="cuda"), TreeParams(4, 12, 2, 2), (EOS_ID,))
-            gen = asyncio.run(Coordinator(d, CloudLink(server.url), pol, CoordinatorConfig(depth=4)).generate(prompt, 40, sp))
+            eng = TorchEngine(Decoder.from_hf(AutoModelForCausalLM.from_pretrained(drf_dir, dtype=torch.float64)),
+                              1024, device="cuda")
+            coord = assemble(eng, TreeParams(4, 12, 2, 2), (EOS_ID,), server.url, pol, CoordinatorConfig(depth=4))
+            gen = asyncio.run(coord.generate(prompt, 40, sp))
             results.append((name, sp.temperature, gen.tokens == ref, gen.summary.tokens_per_call))
     server.close()
     for name, t, same, tpc in results:

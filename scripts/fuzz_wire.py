@@ -189,13 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.monotonic() + args.minutes * 60
     server = bg = target = None
     if not args.no_server:
-        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
         import torch
-        from cloud import BackgroundServer
         from transformers import AutoModelForCausalLM
 
         from rapid.modeling import Decoder
         from rapid.server.app import VerifierServer
+        from rapid.server.background import BackgroundServer
         from rapid.server.sessions import Limits
         from rapid.tiny import build_tiny
 

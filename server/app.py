@@ -38,7 +38,7 @@ from rapid.sampling import SamplingParams
 from rapid.server.batching import Batcher
 from rapid.server.metrics import ServerMetrics
 from rapid.server.sessions import Entry, Limits, SessionTable
-from rapid.server.target import TargetSession
+from rapid.server.target import PromptTooLongError, TargetSession
 from rapid.wire import (
     MAX_FRAME_BYTES,
     Bye,
@@ -175,7 +175,7 @@ class VerifierServer:
                 lambda: TargetSession(self.model, h.prompt, params, self.limits.max_context, max_nodes,
                                       self.verify_mode))
         except (ValueError, RapidError) as e:
-            code = "context" if "context" in str(e) else "bad_hello"
+            code = "context" if isinstance(e, PromptTooLongError) else "bad_hello"
             return self._error(code, str(e)), sid
         if not self.sessions.make_room():  # others were admitted while this one prefilled
             return self._error("busy", f"the server is at its limit of {self.limits.max_sessions} sessions; retry later"), sid

@@ -4,7 +4,7 @@ Trees that arrive within ``window_s`` of each other (at most ``max_batch``) are 
 Row b of the batch is session b's ``[root] + nodes`` (``T_b = 1 + N_b`` tokens) padded to
 ``T = max T_b``; its keys are the session's own KV (``P_b`` entries) followed by its ``T_b`` new
 entries, padded to ``S = max(P_b + T_b)``. The mask of row b is exactly the single-session tree
-mask (``rapid.server.target.verify_attention``) in the top-left corner, everything else blocked,
+mask (``rapid.server.target.TargetSession.tree_inputs``) in the top-left corner, everything else blocked,
 so each row computes what that session alone would compute; the padding never reaches a real
 row. After the forward every session picks, accepts and compacts on its own, as in
 ``TargetSession.verify``.
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rapid.acceptance import Verdict
 from rapid.modeling import additive_mask
 from rapid.server.target import BadTreeError, TargetSession
-from rapid.server.verifier import Verdict
 
 
 class _BatchKV:

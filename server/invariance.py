@@ -20,11 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rapid.acceptance import Verdict
+from rapid.geometry import ROOT
 from rapid.modeling import Decoder
 from rapid.sampling import SamplingParams
 from rapid.server.batching import forward_batch
 from rapid.server.target import TargetSession
-from rapid.server.verifier import ROOT, Verdict
 
 
 @dataclass(slots=True, frozen=True)

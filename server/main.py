@@ -6,6 +6,10 @@ import asyncio
 import logging
 import signal
 
+from rapid.auth import load_token, server_ssl_context
+from rapid.server.app import VerifierServer, serve_forever
+from rapid.server.sessions import Limits
+
 log = logging.getLogger("rapid.server")
 
 
@@ -51,10 +55,6 @@ def run_serve(target: str, host: str, port: int, threads: int = 1, dtype: str = 
               token_file: str | None = None, cert: str | None = None, key: str | None = None,
               batch_window_ms: float = 2.0, max_batch: int = 8, idle_timeout: float = 600.0,
               grace: float = 30.0, verify: str = "auto") -> int:
-    from rapid.auth import load_token, server_ssl_context
-    from rapid.server.app import VerifierServer, serve_forever
-    from rapid.server.sessions import Limits
-
     token = load_token(token_file)
     ssl_ctx = server_ssl_context(cert, key)
     log.info("loading target %s (%s, %d thread(s))", target, dtype, threads)

@@ -83,7 +83,7 @@ class SessionTable:
 
     def add(self, session: TargetSession, owner: Any = None) -> str:
         sid = secrets.token_hex(8)
-        self._entries[sid] = Entry(sid, session, owner)
+        self._entries[sid] = Entry(sid, session, owner, last_active=self.clock())
         return sid
 
     def entry(self, sid: str | None) -> Entry | None:

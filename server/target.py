@@ -8,7 +8,7 @@ forward of T = 1 + N tokens:
     positions [n-1,  n-1 + depth_j …]
     allowed   row 0: prefix + itself; row 1+j: prefix + root + ancestors of j + itself
 
-then ``pick`` every row, ``accept`` (``rapid.server.verifier``), keep the KV of the root and the
+then ``pick`` every row, ``accept`` (``rapid.acceptance``), keep the KV of the root and the
 accepted path (compaction), and append path tokens + bonus. An empty tree is one step of plain
 autoregressive decoding, which is what ``reference_decode`` (the target alone) runs.
 
@@ -31,36 +31,20 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from rapid.acceptance import Verdict, accept, finish, validate_tree
 from rapid.errors import RapidError
+from rapid.geometry import ROOT, ancestor_mask, causal_allowed, node_positions, tree_depths
 from rapid.kvcache import StaticKV
-from rapid.masks import causal_allowed
 from rapid.modeling import Decoder, additive_mask
 from rapid.sampling import SamplingParams, pick_tokens
-from rapid.server.verifier import ROOT, Verdict, accept, validate_tree
 
 
 class BadTreeError(RapidError):
     """The tree a client sent is malformed or exceeds a limit."""
 
 
-def tree_depths(parents: Sequence[int]) -> list[int]:
-    depth: list[int] = []
-    for p in parents:
-        depth.append(1 if p < 0 else depth[p] + 1)
-    return depth
-
-
-def verify_attention(parents: Sequence[int], kv_len: int) -> np.ndarray:
-    """Bool ``[1+N, kv_len+1+N]`` for [root] + nodes (see module docstring)."""
-    n = len(parents)
-    allowed = np.zeros((1 + n, kv_len + 1 + n), dtype=bool)
-    allowed[:, : kv_len + 1] = True  # everyone sees the prefix and the root
-    for j, p in enumerate(parents):
-        row = 1 + j
-        allowed[row, kv_len + row] = True
-        if p >= 0:
-            allowed[row, kv_len + 1: kv_len + 1 + n] |= allowed[1 + p, kv_len + 1: kv_len + 1 + n]
-    return allowed
+class PromptTooLongError(BadTreeError):
+    """The prompt does not fit the session's context."""
 
 
 MIN_ROWS_HALF = 2  # fewest rows of a bf16/fp16 forward (see the module docstring)
@@ -82,7 +66,7 @@ class TargetSession:
         if not prompt:
             raise BadTreeError("the prompt is empty")
         if len(prompt) + 1 > capacity:
-            raise BadTreeError(f"prompt of {len(prompt)} tokens does not fit the context ({capacity})")
+            raise PromptTooLongError(f"prompt of {len(prompt)} tokens does not fit the context ({capacity})")
         vocab = model.config.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise BadTreeError(f"prompt has token ids outside [0, {vocab})")
@@ -140,10 +124,12 @@ class TargetSession:
 
     def tree_inputs(self, tokens: Sequence[int], parents: Sequence[int]) -> tuple[list[int], list[int], np.ndarray]:
         """ids [1+N], positions [1+N] and allowed [1+N, kv_len+1+N] for [root] + nodes."""
-        n_ctx = len(self.tokens)
+        n_ctx, kv_len, n = len(self.tokens), self.kv.length, len(tokens)
         ids = [self.tokens[-1], *tokens]
-        pos = [n_ctx - 1] + [n_ctx - 1 + d for d in tree_depths(parents)]
-        return ids, pos, verify_attention(parents, self.kv.length)
+        pos = [n_ctx - 1, *node_positions(tree_depths(parents), n_ctx - 1)]
+        # row 0 is the root at slot kv_len; node j is row 1 + j at slot kv_len + 1 + j; all see prefix + root
+        slots = [kv_len + 1 + j for j in range(n)]
+        return ids, pos, ancestor_mask(parents, [ROOT, *range(n)], slots, kv_len, see=kv_len + 1)
 
     def decide(self, logits: np.ndarray, pos: Sequence[int], tokens: Sequence[int],
                parents: Sequence[int]) -> Verdict:
@@ -199,14 +185,6 @@ def pad_rows(ids: Sequence[int], pos: Sequence[int], allowed: np.ndarray,
     for i in range(extra):
         out[t + i, s + i] = True
     return list(ids) + [ids[-1]] * extra, list(pos) + [pos[-1]] * extra, out
-
-
-def finish(tokens: list[int], max_new: int, stop_ids: Sequence[int]) -> tuple[list[int], bool]:
-    """Cut generated ``tokens`` at the first stop token (kept) or ``max_new``; say if it stopped."""
-    for i, t in enumerate(tokens[:max_new]):
-        if t in stop_ids:
-            return tokens[: i + 1], True
-    return tokens[:max_new], len(tokens) >= max_new
 
 
 def reference_decode(model: Decoder, prompt: Sequence[int], max_new: int, params: SamplingParams,

@@ -13,7 +13,6 @@ import random
 import time
 
 import pytest
-from cloud import BackgroundServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +24,7 @@ from rapid.runtime.policies import POLICIES
 from rapid.runtime.tree import TreeParams
 from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer
+from rapid.server.background import BackgroundServer
 from rapid.server.target import reference_decode
 from rapid.tiny import EOS_ID
 

@@ -8,7 +8,6 @@ import asyncio
 
 import pytest
 import torch
-from cloud import BackgroundServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
@@ -22,6 +21,7 @@ from rapid.runtime.policies import POLICIES
 from rapid.runtime.tree import TreeParams
 from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer
+from rapid.server.background import BackgroundServer
 from rapid.server.main import choose_verify_mode
 from rapid.server.target import reference_decode
 from rapid.tiny import EOS_ID

@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rapid.errors import RapidError
-from rapid.kvcache import ContextFullError, StaticKV
+from rapid.errors import ContextFullError, RapidError
+from rapid.kvcache import StaticKV
 
 L, H, D = 2, 2, 3
 

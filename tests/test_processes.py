@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from rapid.demo import free_port, start_server, stop_server
+from rapid.procs import free_port, start_server, stop_server
 from rapid.sampling import SamplingParams
 from rapid.server.target import reference_decode
 from rapid.tiny import EOS_ID

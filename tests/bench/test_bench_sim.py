@@ -1,6 +1,6 @@
 import pytest
 
-from rapid.bench import sim
+from rapid.bench import calibration, sim
 from rapid.bench.contention import parse_schedule
 from rapid.bench.netem import get_profile
 from rapid.runtime import caac, policies
@@ -8,8 +8,8 @@ from rapid.runtime import caac, policies
 
 @pytest.fixture
 def cal(canned):
-    rounds, runs, meta = sim.load_traces([canned])
-    return sim.calibrate(rounds, runs, meta)
+    rounds, runs, meta = calibration.load_traces([canned])
+    return calibration.calibrate(rounds, runs, meta)
 
 
 def test_calibration_reads_the_traces(cal):
@@ -46,7 +46,7 @@ def test_simulator_uses_the_runtime_objects(cal):
                       sim.CoordinatorConfig(depth=4))
         assert e.policy is policies.POLICIES[name]
         assert type(e.ctrl) is (caac.CAAC if pol.adaptive_depth else caac.FixedDepth)
-    assert sim.Coordinator.__module__ == "rapid.runtime.coordinator"
+    assert sim.controller_for.__module__ == "rapid.runtime.coordinator"  # the public API, not a copy
 
 
 def test_many_edges_share_a_batched_cloud(cal):
@@ -142,7 +142,7 @@ def test_prompt_set_refit_takes_that_sets_startup(canned, cal):
 
     from rapid.bench.calibration import fit_prompt_set
 
-    rounds, runs, _ = sim.load_traces([canned])
+    rounds, runs, _ = calibration.load_traces([canned])
     longer = [dict(r, wall_s=r["wall_s"] + 5.0) for r in runs]  # e.g. a longer prompt to prefill
     refit = fit_prompt_set(replace(cal), rounds, longer)
     assert refit.startup_s == pytest.approx(cal.startup_s + 5.0, abs=1e-9)

@@ -25,7 +25,7 @@ from kvops_cases import (
     same_bytes,
 )
 
-from rapid.engines import native
+from rapid.engines import kvops_abi, kvops_build, native
 
 # ------------------------------------------------------------------------------ helpers --
 
@@ -261,16 +261,16 @@ def test_c_abi_error_codes(kvops):
     assert lib.rapid_kvops_abi_version() == native.ABI_VERSION
     assert lib.rapid_kv_gather_f32(p, 2, 6, 2, idx.ctypes.data, ok.ctypes.data, 3) == native.ERR_INDEX
     assert lib.rapid_kv_gather_f32(p, 2, 6, 2, ok.ctypes.data, idx.ctypes.data, 3) == native.ERR_INDEX
-    assert lib.rapid_kv_gather_f32(p, 2, 6, 2, ok.ctypes.data, ok.ctypes.data, -1) == native.ERR_ARG
-    assert lib.rapid_kv_gather_f32(p, 2, 6, 2, None, ok.ctypes.data, 3) == native.ERR_ARG
-    assert lib.rapid_kv_gather_f32(None, 2, 6, 2, ok.ctypes.data, ok.ctypes.data, 3) == native.ERR_ARG
-    assert lib.rapid_kv_gather_f32(p, -2, 6, 2, ok.ctypes.data, ok.ctypes.data, 3) == native.ERR_ARG
+    assert lib.rapid_kv_gather_f32(p, 2, 6, 2, ok.ctypes.data, ok.ctypes.data, -1) == kvops_abi.ERR_ARG
+    assert lib.rapid_kv_gather_f32(p, 2, 6, 2, None, ok.ctypes.data, 3) == kvops_abi.ERR_ARG
+    assert lib.rapid_kv_gather_f32(None, 2, 6, 2, ok.ctypes.data, ok.ctypes.data, 3) == kvops_abi.ERR_ARG
+    assert lib.rapid_kv_gather_f32(p, -2, 6, 2, ok.ctypes.data, ok.ctypes.data, 3) == kvops_abi.ERR_ARG
     assert lib.rapid_kv_gather_f32(p, 1 << 40, 1 << 20, 1 << 20, ok.ctypes.data,
-                                   ok.ctypes.data, 3) == native.ERR_ARG  # size overflow
-    assert lib.rapid_kv_gather_f32(p, 2, 6, 2, None, None, 0) == native.OK
+                                   ok.ctypes.data, 3) == kvops_abi.ERR_ARG  # size overflow
+    assert lib.rapid_kv_gather_f32(p, 2, 6, 2, None, None, 0) == kvops_abi.OK
     assert lib.rapid_kv_copy_range_f32(p, p, 2, 6, 6, 2, 4, 0, 3) == native.ERR_INDEX
     assert lib.rapid_kv_copy_range_f32(p, p + 8, 2, 6, 6, 2, 0, 1, 3) == native.ERR_OVERLAP
-    assert lib.rapid_kv_copy_range_f32(p, None, 2, 6, 6, 2, 0, 1, 3) == native.ERR_ARG
+    assert lib.rapid_kv_copy_range_f32(p, None, 2, 6, 6, 2, 0, 1, 3) == kvops_abi.ERR_ARG
     assert same_bytes(buf, before)
 
 
@@ -309,7 +309,7 @@ def test_library_search_order(kvops, tmp_path, monkeypatch):
 
 
 def test_build_without_cmake(monkeypatch, tmp_path):
-    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    monkeypatch.setattr(kvops_build.shutil, "which", lambda name: None)
     with pytest.raises(native.KVOpsBuildError, match="cmake not found"):
         native.build(build_dir=tmp_path)
 

@@ -8,13 +8,12 @@ import shutil
 
 import numpy as np
 import pytest
-from cloud import BackgroundServer
 from transformers import AutoTokenizer
 
 from rapid.engines.ort_engine import OrtEngine
-from rapid.export.manifest import load_manifest
 from rapid.export.quantize import QuantConfig, QuantizeError, quantize_export
-from rapid.masks import causal_allowed
+from rapid.geometry import causal_allowed
+from rapid.manifest import load_manifest
 from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
 from rapid.runtime.drafter import Drafter
 from rapid.runtime.link import CloudLink
@@ -22,6 +21,7 @@ from rapid.runtime.policies import POLICIES
 from rapid.runtime.tree import TreeParams
 from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer
+from rapid.server.background import BackgroundServer
 from rapid.server.target import reference_decode
 from rapid.tiny import EOS_ID
 

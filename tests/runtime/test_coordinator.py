@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-from cloud import BackgroundServer
-
 from rapid.engines.torch_engine import TorchEngine
 from rapid.runtime.coordinator import Coordinator, CoordinatorConfig, controller_for
 from rapid.runtime.drafter import Drafter
@@ -14,6 +12,7 @@ from rapid.runtime.policies import POLICIES
 from rapid.runtime.tree import TreeParams
 from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer
+from rapid.server.background import BackgroundServer
 from rapid.server.target import reference_decode
 from rapid.tiny import EOS_ID
 

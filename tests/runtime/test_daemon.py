@@ -16,15 +16,17 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from cloud import BackgroundServer
+
+from rapid.server.background import BackgroundServer
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 
-from rapid.demo import free_port  # noqa: E402
-from rapid.runtime.daemon import EdgeService, create_app  # noqa: E402
+from rapid.procs import free_port  # noqa: E402
+from rapid.runtime.engine_pool import EdgeService  # noqa: E402
 from rapid.runtime.generate import open_edge_model  # noqa: E402
+from rapid.runtime.openai_api import create_app  # noqa: E402
 from rapid.runtime.tree import TreeParams  # noqa: E402
 from rapid.sampling import SamplingParams  # noqa: E402
 from rapid.server.app import VerifierServer  # noqa: E402

@@ -15,7 +15,6 @@ import time
 from collections import Counter
 
 import pytest
-from cloud import BackgroundServer
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import serve
 
@@ -27,6 +26,7 @@ from rapid.runtime.policies import POLICIES
 from rapid.runtime.tree import TreeParams
 from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer
+from rapid.server.background import BackgroundServer
 from rapid.server.sessions import Limits
 from rapid.server.target import reference_decode
 from rapid.tiny import EOS_ID

@@ -1,4 +1,4 @@
-"""rapid.runtime.tree: budgeted expansion, pruning, attention rows, sub-trees."""
+"""rapid.runtime.tree: budgeted expansion, pruning, sub-trees; the drafter's attention rows (rapid.geometry)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rapid.runtime.tree import ROOT, TokenTree, TreeParams, positions, tree_attention
+from rapid.geometry import ROOT, ancestor_mask, node_positions
+from rapid.runtime.tree import TokenTree, TreeParams
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -178,31 +179,31 @@ def random_fed_tree(rng, n, prefix_len):
 
 @FAST
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 20), prefix_len=st.integers(0, 6))
-def test_tree_attention_rows(seed, n, prefix_len):
+def test_drafter_attention_rows(seed, n, prefix_len):
     rng = np.random.default_rng(seed)
     tree, kv_len = random_fed_tree(rng, n, prefix_len)
     # feed the unfed nodes whose ancestors are all fed
     nodes = [i for i in range(n) if tree.slot[i] < 0
              and all(tree.slot[a] >= 0 for a in tree.path(i)[:-1])]
-    allowed = tree_attention(tree, nodes, prefix_len, kv_len)
+    allowed = ancestor_mask(tree.parents, nodes, tree.slot, kv_len, see=prefix_len)
     assert allowed.shape == (len(nodes), kv_len + len(nodes)) and allowed.dtype == bool
     for r, i in enumerate(nodes):
         expect = set(range(prefix_len)) | {tree.slot[a] for a in tree.path(i)[:-1]} | {kv_len + r}
         assert set(np.flatnonzero(allowed[r]).tolist()) == expect
 
 
-def test_tree_attention_rejects_unfed_ancestor():
+def test_drafter_attention_rejects_unfed_ancestor():
     tree = TokenTree(tokens=[1, 2], parents=[ROOT, 0], depth=[1, 2], score=[-1.0, -2.0],
                      slot=[-1, -1], top=[None, None])
     with pytest.raises(ValueError):
-        tree_attention(tree, [1], 3, 3)
-    assert tree_attention(tree, [0], 3, 3).tolist() == [[True, True, True, True]]
+        ancestor_mask(tree.parents, [1], tree.slot, 3)
+    assert ancestor_mask(tree.parents, [0], tree.slot, 3).tolist() == [[True, True, True, True]]
 
 
 def test_positions():
     tree = TokenTree(tokens=[1, 2, 3], parents=[ROOT, 0, 1], depth=[1, 2, 3], score=[0, 0, 0],
                      slot=[-1] * 3, top=[None] * 3)
-    assert positions(tree, [2, 0, 1], 10) == [13, 11, 12]
+    assert node_positions([tree.depth[i] for i in [2, 0, 1]], 10) == [13, 11, 12]
 
 
 @FAST

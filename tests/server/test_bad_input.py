@@ -7,11 +7,11 @@ import asyncio
 
 import msgpack
 import pytest
-from cloud import BackgroundServer
 from websockets.asyncio.client import connect
 
 from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer
+from rapid.server.background import BackgroundServer
 from rapid.server.sessions import Limits
 from rapid.server.target import reference_decode
 from rapid.wire import ErrorFrame, Hello, Ready, Tree, VerdictFrame, decode, encode
@@ -97,7 +97,7 @@ def test_bad_trees_get_error_frames_and_session_continues(cloud, tokens, parents
 
 def test_prompt_longer_than_context(cloud):
     (reply,) = exchange(cloud.url, Hello(list(range(100))))
-    assert isinstance(reply, ErrorFrame) and "context" in reply.reason
+    assert isinstance(reply, ErrorFrame) and reply.code == "context" and "context" in reply.reason
 
 
 def test_tree_before_hello_and_double_hello(cloud):

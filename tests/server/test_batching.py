@@ -8,7 +8,6 @@ import re
 import urllib.request
 
 import pytest
-from cloud import BackgroundServer
 
 from rapid.engines.torch_engine import TorchEngine
 from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
@@ -18,6 +17,7 @@ from rapid.runtime.policies import POLICIES
 from rapid.runtime.tree import TreeParams
 from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer
+from rapid.server.background import BackgroundServer
 from rapid.server.batching import verify_batch
 from rapid.server.sessions import Limits
 from rapid.server.target import TargetSession, reference_decode

@@ -8,11 +8,11 @@ import random
 from pathlib import Path
 
 import msgpack
-from cloud import BackgroundServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rapid.server.app import VerifierServer
+from rapid.server.background import BackgroundServer
 from rapid.server.sessions import Limits
 from rapid.wire import WireError, decode, encode
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from cloud import BackgroundServer
 from websockets.asyncio.client import connect
 
 from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer
+from rapid.server.background import BackgroundServer
 from rapid.server.sessions import Limits
 from rapid.server.target import reference_decode
 from rapid.wire import Bye, ErrorFrame, Hello, Ready, Tree, VerdictFrame, decode, encode

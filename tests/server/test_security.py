@@ -11,12 +11,12 @@ import urllib.request
 
 import pytest
 import websockets
-from cloud import BackgroundServer
 from websockets.asyncio.client import connect
 
 from rapid.auth import bearer, check_authorization, client_ssl_context, load_token
 from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer, serve_forever
+from rapid.server.background import BackgroundServer
 from rapid.server.target import reference_decode
 from rapid.wire import Hello, Ready, Tree, VerdictFrame, decode, encode
 

@@ -12,14 +12,7 @@ from transformers import AutoModelForCausalLM
 from rapid.errors import RapidError
 from rapid.modeling import Decoder
 from rapid.sampling import SamplingParams
-from rapid.server.target import (
-    BadTreeError,
-    TargetSession,
-    finish,
-    reference_decode,
-    tree_depths,
-    verify_attention,
-)
+from rapid.server.target import BadTreeError, TargetSession, reference_decode
 from rapid.tiny import VOCAB, build_tiny
 
 REF_LEN = 24  # reference tokens per example
@@ -180,22 +173,13 @@ def test_reference_decode_stops_at_stop_token(model):
     assert reference_decode(model, prompt, 5, params) == free[:5]
 
 
-def test_finish():
-    assert finish([1, 2, 3], 5, ()) == ([1, 2, 3], False)
-    assert finish([1, 2, 3, 4, 5], 5, ()) == ([1, 2, 3, 4, 5], True)
-    assert finish([1, 2, 3, 4, 5, 6, 7], 5, ()) == ([1, 2, 3, 4, 5], True)
-    assert finish([1, 9, 3, 9], 5, (9,)) == ([1, 9], True)  # the stop token is kept
-    assert finish([9], 5, (7, 9)) == ([9], True)
-    assert finish([1, 2, 3, 4, 5, 9], 5, (9,)) == ([1, 2, 3, 4, 5], True)  # stop beyond max_new
-    assert finish([], 3, (9,)) == ([], False)
-    assert finish([4], 0, ()) == ([], True)
-
-
-def test_tree_depths_and_verify_attention():
+def test_tree_inputs_layout(model):
+    """[root] + nodes: positions from the depths; every row sees prefix + root + ancestors + itself."""
+    session = TargetSession(model, [5, 6, 7, 8], SamplingParams())
     parents = [-1, 0, -1, 1, 0]
-    assert tree_depths(parents) == [1, 2, 1, 3, 2]
-    kv_len = 3
-    allowed = verify_attention(parents, kv_len)
+    ids, pos, allowed = session.tree_inputs([1, 2, 3, 4, 5], parents)
+    kv_len = session.kv.length  # 3: the prompt minus its last token (the root)
+    assert ids == [8, 1, 2, 3, 4, 5] and pos == [3, 4, 5, 4, 6, 5]
     assert allowed.shape == (6, kv_len + 6)
     ancestors = {0: [0], 1: [0, 1], 2: [2], 3: [0, 1, 3], 4: [0, 4]}
     for row in range(6):

@@ -32,6 +32,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rapid.errors import RapidError
 
 FORMAT = "rapid-draft-export"
@@ -80,8 +82,6 @@ def io_spec(num_layers: int, kv_heads: int, head_dim: int, vocab: int, dtype: st
 
 def numpy_dtype(manifest: dict[str, Any]):
     """The numpy dtype of the graph's float tensors (mask, KV, logits)."""
-    import numpy as np
-
     return np.float16 if manifest.get("dtype") == "fp16" else np.float32
 
 

@@ -1,4 +1,4 @@
-"""A real verifier websocket server on loopback, running in a background thread."""
+"""A real verifier websocket server on loopback, running in a background thread (tests, scripts)."""
 
 from __future__ import annotations
 

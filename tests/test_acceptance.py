@@ -1,4 +1,4 @@
-"""rapid.server.verifier: sample-then-match acceptance and tree validation."""
+"""rapid.acceptance: sample-then-match acceptance, tree validation, finish."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rapid.server.verifier import ROOT, Verdict, accept, validate_tree
+from rapid.acceptance import Verdict, accept, finish, validate_tree
+from rapid.geometry import ROOT
 
 
 def random_tree(rng: np.random.Generator, n: int, vocab: int):
@@ -97,3 +98,14 @@ def test_validate_tree_matches_definition(parents, vocab):
     tokens = [j % vocab for j in range(len(parents))]
     ok = all(-1 <= p < j for j, p in enumerate(parents))
     assert (validate_tree(tokens, parents, vocab, 10) is None) == ok
+
+
+def test_finish():
+    assert finish([1, 2, 3], 5, ()) == ([1, 2, 3], False)
+    assert finish([1, 2, 3, 4, 5], 5, ()) == ([1, 2, 3, 4, 5], True)
+    assert finish([1, 2, 3, 4, 5, 6, 7], 5, ()) == ([1, 2, 3, 4, 5], True)
+    assert finish([1, 9, 3, 9], 5, (9,)) == ([1, 9], True)  # the stop token is kept
+    assert finish([9], 5, (7, 9)) == ([9], True)
+    assert finish([1, 2, 3, 4, 5, 9], 5, (9,)) == ([1, 2, 3, 4, 5], True)  # stop beyond max_new
+    assert finish([], 3, (9,)) == ([], False)
+    assert finish([4], 0, ()) == ([], True)

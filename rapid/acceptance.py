@@ -9,7 +9,9 @@ the target's choice for each row (argmax, or the seeded draw of ``rapid.sampling
     bonus = pick[row(path end)]
 
 The emitted tokens ``path tokens + [bonus]`` are exactly what the target alone would emit,
-because every emitted token is the target's own pick given the same prefix.
+because every emitted token is the target's own pick given the same prefix. ``finish`` cuts
+what both sides emit at the same stop token or length, so the edge and the target-only
+reference end identically.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-ROOT = -1
+from rapid.geometry import ROOT
 
 
 @dataclass(slots=True, frozen=True)
@@ -58,3 +60,11 @@ def validate_tree(tokens: Sequence[int], parents: Sequence[int], vocab_size: int
         if not -1 <= p < j:
             return f"node {j}: parent {p} must be -1 (root) or an earlier node (< {j}); no cycles"
     return None
+
+
+def finish(tokens: list[int], max_new: int, stop_ids: Sequence[int]) -> tuple[list[int], bool]:
+    """Cut generated ``tokens`` at the first stop token (kept) or ``max_new``; say if it stopped."""
+    for i, t in enumerate(tokens[:max_new]):
+        if t in stop_ids:
+            return tokens[: i + 1], True
+    return tokens[:max_new], len(tokens) >= max_new

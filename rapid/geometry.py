@@ -1,0 +1,65 @@
+"""Token-tree geometry shared by the edge and the cloud: ROOT, depths, positions, attention masks.
+
+A tree is given by ``parents`` (``parents[j] < j``; ``ROOT`` = -1 for a child of the implicit
+root, the last committed token). ``allowed[i, j]`` is True when new token ``i`` may attend to KV
+slot ``j``; slots ``≥ kv_len`` are the new tokens themselves (row ``r`` sits at ``kv_len + r``).
+
+``ancestor_mask`` is the one tree-mask builder: the drafter feeds nodes whose ancestors sit at
+scattered draft-KV slots; the target feeds ``[root] + nodes`` contiguously; the export's parity
+check feeds a whole tree after a prefix. ``causal_allowed`` is its chain case (each token's
+ancestors are the tokens before it), written with ``np.tril`` because prompts are long.
+
+numpy only: no torch, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+ROOT = -1
+
+
+def tree_depths(parents: Sequence[int]) -> list[int]:
+    """Depth of every node ``[N]``: 1 for a child of the root, parent's depth + 1 otherwise."""
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return depth
+
+
+def node_positions(depths: Sequence[int], root_position: int) -> list[int]:
+    """Absolute positions: the root sits at ``root_position``, a node at root_position + depth."""
+    return [root_position + d for d in depths]
+
+
+def ancestor_mask(parents: Sequence[int], rows: Sequence[int], slots: Sequence[int], kv_len: int,
+                  see: int | None = None) -> np.ndarray:
+    """Bool ``[T, kv_len + T]`` for feeding the tree nodes ``rows`` (T = len(rows); ROOT may be one).
+
+    Row ``r`` sees KV slots ``[0, see)`` (default ``kv_len``: the whole cache), ``slots[a]`` for
+    every ancestor ``a`` of ``rows[r]`` (each must be fed: ``slots[a] ≥ 0``) and itself
+    (``kv_len + r``). Parents must point backwards (``parents[j] < j``).
+    """
+    t = len(rows)
+    allowed = np.zeros((t, kv_len + t), dtype=bool)
+    allowed[:, : kv_len if see is None else see] = True
+    for r, i in enumerate(rows):
+        child, a = i, (ROOT if i == ROOT else parents[i])
+        while a != ROOT:
+            if a >= child:
+                raise ValueError(f"parent {a} of node {child} must come before it")
+            if slots[a] < 0:
+                raise ValueError(f"ancestor {a} of node {i} has not been fed")
+            allowed[r, slots[a]] = True
+            child, a = a, parents[a]
+        allowed[r, kv_len + r] = True
+    return allowed
+
+
+def causal_allowed(kv_len: int, t: int) -> np.ndarray:
+    """[t, kv_len + t]: each new token sees the whole cache and the new tokens before it."""
+    allowed = np.ones((t, kv_len + t), dtype=bool)
+    allowed[:, kv_len:] = np.tril(np.ones((t, t), dtype=bool))
+    return allowed

@@ -1,0 +1,111 @@
+"""rapid.runtime.drafter over a numpy fake engine: what each step feeds and sees, the KV
+invariants of the module docstring, verdicts and the boundary save/restore."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rapid.acceptance import validate_tree
+from rapid.engines.base import EngineInfo, ReadyHandle, check_step_args
+from rapid.runtime.drafter import Drafter
+from rapid.runtime.tree import TreeParams
+
+VOCAB = 24
+
+
+class TokenKV:
+    """A fake draft engine: its 'KV' is the token in each slot; logits depend only on the fed token."""
+
+    def __init__(self, capacity: int = 256, seed: int = 0) -> None:
+        self.info = EngineInfo("fake", "cpu", VOCAB, capacity, ())
+        self.table = np.random.default_rng(seed).normal(0.0, 3.0, size=(VOCAB, VOCAB))
+        self.slots: list[int] = []
+        self.seen: list[tuple[list[int], list[list[int]]]] = []  # per step: fed tokens, tokens each row sees
+
+    @property
+    def kv_len(self) -> int:
+        return len(self.slots)
+
+    def step(self, tokens, positions, allowed, rows=None):
+        check_step_args(self.kv_len, self.info.capacity, tokens, positions, allowed)
+        self.slots += list(tokens)
+        self.seen.append((list(tokens), [[self.slots[j] for j in np.flatnonzero(a)] for a in allowed]))
+        logits = self.table[list(tokens)]
+        return ReadyHandle(logits if rows is None else logits[list(rows)])
+
+    def truncate(self, length: int) -> None:
+        del self.slots[length:]
+
+    def compact(self, src_slots, dst_start: int) -> None:
+        moved = [self.slots[s] for s in src_slots]
+        self.slots[dst_start:] = moved
+
+    def reset(self) -> None:
+        self.slots = []
+
+
+def path_tokens(d: Drafter, node: int) -> list[int]:
+    return [d.tree.tokens[i] for i in d.tree.path(node)]
+
+
+def test_every_row_sees_the_committed_prefix_and_its_own_path():
+    eng = TokenKV()
+    d = Drafter(eng, TreeParams(depth=3, budget=8, topk=2, width=2))
+    prompt = [1, 2, 3, 4]
+    d.start(prompt)
+    d.draft(3)
+    fed, seen = eng.seen[0]
+    assert fed == prompt and seen == [prompt[: r + 1] for r in range(len(prompt))]  # causal prefill
+    slot_of = {s: i for i, s in enumerate(d.tree.slot) if s >= 0}
+    kv, checked = len(prompt), 0
+    for fed, seen in eng.seen[1:]:
+        for r, row in enumerate(seen):
+            node = slot_of[kv + r]  # the node fed in this row
+            assert fed[r] == d.tree.tokens[node] and row == prompt + path_tokens(d, node)
+            checked += 1
+        kv += len(fed)
+    assert checked >= 3
+
+
+def test_tree_is_valid_and_kv_invariants_hold():
+    eng = TokenKV(seed=3)
+    p = TreeParams(depth=4, budget=10, topk=3, width=2)
+    d = Drafter(eng, p)
+    d.start([5, 6, 7])
+    d.draft(4)
+    tokens, parents = d.wire_tree()
+    assert validate_tree(tokens, parents, VOCAB, p.budget) is None and len(tokens) <= p.budget
+    fed = [s for s in d.tree.slot if s >= 0]
+    assert all(s >= d.prefix_len for s in fed) and eng.kv_len == d.prefix_len + len(fed)
+    for i, s in enumerate(d.tree.slot):
+        if s >= 0:
+            assert eng.slots[s] == d.tree.tokens[i]
+
+
+def test_verdict_commits_path_and_bonus_and_keeps_the_prefix_kv():
+    eng = TokenKV(seed=1)
+    d = Drafter(eng, TreeParams(depth=3, budget=8, topk=2, width=2))
+    prompt = [9, 8, 7]
+    d.start(prompt)
+    d.draft(3)
+    first = d.tree.children(-1)[0]
+    plan = d.apply_verdict([first], 11)
+    assert plan.emitted == [d.committed[-2], 11] and d.committed == prompt + plan.emitted
+    assert eng.kv_len == d.prefix_len and eng.slots == d.committed[: d.prefix_len]
+    assert d.committed[d.prefix_len:] == d.pending  # committed tokens whose KV is not computed yet
+    d.draft(2)  # the next round starts by feeding the pending tokens
+    assert eng.slots[: len(d.committed)] == d.committed
+
+
+def test_restore_boundary_drops_the_branch():
+    eng = TokenKV(seed=2)
+    d = Drafter(eng, TreeParams(depth=2, budget=6, topk=2, width=2))
+    d.start([3, 4])
+    d.draft(2)
+    before_tree, before_kv = d.tree.copy(), eng.kv_len
+    boundary = d.save_boundary()
+    for _ in d.proactive_steps(0.1):
+        pass
+    assert eng.kv_len > before_kv
+    d.restore_boundary(boundary)
+    assert eng.kv_len == before_kv and d.tree.tokens == before_tree.tokens and d.tree.slot == before_tree.slot

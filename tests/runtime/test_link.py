@@ -1,0 +1,102 @@
+"""rapid.runtime.link against a scripted websocket peer (no model): the handshake, the feedback
+flag, verdict bookkeeping, error frames and the typed connection failures."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from websockets.asyncio.server import serve
+
+from rapid.procs import free_port
+from rapid.runtime.link import CloudError, CloudLink
+from rapid.wire import Bye, ErrorFrame, Hello, Ready, Tree, VerdictFrame, decode, encode
+
+
+def scripted(answer):
+    """A peer that answers Hello with Ready and each Tree with ``answer(tree, committed)``."""
+    seen: list = []
+
+    async def handler(ws):
+        committed = 0
+        async for data in ws:
+            frame = decode(data)
+            seen.append(frame)
+            if isinstance(frame, Hello):
+                committed = len(frame.prompt)
+                await ws.send(encode(Ready("s1", 100, 512, frame.max_nodes, committed)))
+            elif isinstance(frame, Tree):
+                reply = answer(frame, committed)
+                if isinstance(reply, VerdictFrame):
+                    committed = reply.committed
+                await ws.send(encode(reply))
+            elif isinstance(frame, Bye):
+                return
+
+    return handler, seen
+
+
+async def with_peer(answer, body):
+    handler, seen = scripted(answer)
+    port = free_port()
+    async with serve(handler, "127.0.0.1", port):
+        await body(f"ws://127.0.0.1:{port}")
+    return seen
+
+
+def accept_first(tree: Tree, committed: int) -> VerdictFrame:
+    path = [0] if tree.tokens else []
+    return VerdictFrame(tree.round, path, 42, committed + len(path) + 1)
+
+
+def test_a_round_sets_feedback_and_commits_path_and_bonus():
+    async def body(url):
+        link = CloudLink(url)
+        ready = await link.open(Hello([1, 2, 3], max_nodes=8))
+        assert ready.session == "s1" and link.committed == [1, 2, 3]
+        await link.send_tree(0, [7, 8], [-1, 0])
+        assert not link.feedback.is_set()
+        verdict = await link.verdict(0)
+        assert verdict.path == [0] and verdict.bonus == 42 and link.feedback.is_set()
+        assert link.committed == [1, 2, 3, 7, 42] and link.arrival(0) > 0
+        await link.close()
+        await link.close()  # safe twice
+
+    seen = asyncio.run(with_peer(accept_first, body))
+    assert [type(f) for f in seen] == [Hello, Tree, Bye]
+
+
+def test_an_error_frame_is_a_cloud_error():
+    async def body(url):
+        link = CloudLink(url)
+        await link.open(Hello([1]))
+        await link.send_tree(0, [5], [-1])
+        with pytest.raises(CloudError) as e:
+            await link.verdict(0)
+        assert e.value.code == "bad_tree" and "node 0" in e.value.reason
+        await link.close()
+
+    asyncio.run(with_peer(lambda t, c: ErrorFrame("bad_tree", "node 0: nope", t.round), body))
+
+
+def test_a_verdict_that_does_not_fit_is_a_protocol_error():
+    async def body(url):
+        link = CloudLink(url)
+        await link.open(Hello([1]))
+        await link.send_tree(0, [5], [-1])
+        with pytest.raises(CloudError, match="does not fit"):
+            await link.verdict(0)
+        await link.close()
+
+    asyncio.run(with_peer(lambda t, c: VerdictFrame(t.round, [0], 3, c + 7), body))
+
+
+@pytest.mark.parametrize("reconnect", [True, False])
+def test_nothing_listening_fails_fast_as_unreachable(reconnect):
+    async def body():
+        link = CloudLink(f"ws://127.0.0.1:{free_port()}", open_timeout=2.0, reconnect=reconnect)
+        with pytest.raises(CloudError) as e:
+            await link.open(Hello([1]))
+        assert e.value.code == "unreachable" and "cannot connect" in e.value.reason
+
+    asyncio.run(asyncio.wait_for(body(), 10))
