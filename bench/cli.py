@@ -18,6 +18,9 @@ QUICK = dict(policies="fixed,rapid", sets="c4", n_prompts=1, token_budget=32, ma
 # the default run: 22 min on the default pair, 2 cores (36 generations + 2 warm-ups)
 DEFAULT = dict(policies="fixed,npdg,rapid", sets="c4,oasst", n_prompts=1, token_budget=64, max_new=16,
                schedules="none,sustained", profiles="wan", repeats=3)
+# the target-alone comparison: rapid vs ar on five sets, no contention, 48 tokens (~15 min on 2 cores)
+VS_AR = dict(policies="ar,rapid", sets="c4,oasst,mtbench,wikitext,humaneval", n_prompts=2, token_budget=64,
+             max_new=48, schedules="none", profiles="lan", repeats=3)
 SMOKE = dict(policies="fixed,npdg,rapid", sets="c4", n_prompts=1, token_budget=32, max_new=24,
              schedules="none,sustained", profiles="lan", repeats=3)
 
@@ -32,7 +35,11 @@ def bench_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", help="output folder (default bench-out/<timestamp>)")
     ap.add_argument("--quick", action="store_true", help="~4 min: c4, 1 prompt, fixed vs rapid under sustained load, 8 tokens, wan")
     ap.add_argument("--smoke", action="store_true", help="tiny random models, < 60 s (tests)")
-    ap.add_argument("--draft", default="default-draft")
+    ap.add_argument("--vs-ar", action="store_true", help="~15 min: rapid vs the target alone (ar) on c4, oasst, "
+                    "mtbench, wikitext, humaneval; no load; 48 tokens; lan")
+    ap.add_argument("--draft", default="default-draft-int4",
+                    help="default-draft-int4 (ONNX int4, built once), an export folder or a model spec")
+    ap.add_argument("--dtype", default="auto", help="the target's dtype: auto|bfloat16|float32|float64")
     ap.add_argument("--target", default="default-target")
     ap.add_argument("--policies", help="comma list (default fixed,npdg,rapid; also ipdg, caac, edgellm, ar)")
     ap.add_argument("--prompts", help="folder of prompt-set JSON files or one file "
@@ -53,7 +60,7 @@ def bench_parser() -> argparse.ArgumentParser:
     ap.add_argument("--width", type=int, default=2)
     ap.add_argument("--edge-cpu", type=int, default=0)
     ap.add_argument("--cloud-cpu", type=int, default=1)
-    ap.add_argument("--engine", default="torch")
+    ap.add_argument("--engine", default="auto", help="torch|onnx|trt|auto (auto: onnx for an export folder)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--load-device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="where the contention load runs (default: the edge engine's device; a GPU edge gets "
@@ -74,13 +81,13 @@ def main_bench(argv: list[str]) -> int:
         files = write_report(out)
         print("\n".join(str(p) for p in files.values()))
         return 0
-    preset = SMOKE if a.smoke else QUICK if a.quick else DEFAULT
+    preset = SMOKE if a.smoke else QUICK if a.quick else VS_AR if a.vs_ar else DEFAULT
 
     def opt(name: str, cli_value):
         return cli_value if cli_value is not None else preset[name]
 
     cfg = BenchConfig(
-        out=out, draft=a.draft, target=a.target, policies=_csv(opt("policies", a.policies)),
+        out=out, draft=a.draft, target=a.target, dtype=a.dtype, policies=_csv(opt("policies", a.policies)),
         prompts_source=a.prompts, sets=_csv(opt("sets", a.sets)), n_prompts=opt("n_prompts", a.n_prompts),
         token_budget=opt("token_budget", a.token_budget), max_new=opt("max_new", a.max_tokens),
         schedules=_csv(opt("schedules", a.contention)), profiles=_csv(opt("profiles", a.profiles)),

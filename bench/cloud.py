@@ -30,16 +30,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jitter-ms", type=float, default=0.0)
     ap.add_argument("--rate-mbit", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", default="auto", help="auto|bfloat16|float32|float64 (rapid.precision)")
+    ap.add_argument("--verify", default="auto", choices=["auto", "tree", "sequential"])
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     if args.cpus:
         pin({int(c) for c in args.cpus.split(",")})
 
     from rapid.server.app import VerifierServer, serve_forever
-    from rapid.server.main import load_target
+    from rapid.server.main import choose_verify_mode, load_target
     from rapid.server.sessions import Limits
 
-    model, _ = load_target(args.target, "float32", args.threads)
+    model, _ = load_target(args.target, args.dtype, args.threads)
+    mode = choose_verify_mode(model, args.verify)
     delay = None
     if args.rtt_ms > 0 or args.jitter_ms > 0:
         prof = NetProfile("emulated", args.rtt_ms, args.jitter_ms, args.rate_mbit or None)
@@ -48,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         def delay() -> float:
             return prof.sample_rtt_s(rng)
 
-    server = VerifierServer(model, Limits(16, 4096, 64), answer_delay=delay)
+    server = VerifierServer(model, Limits(16, 4096, 64), answer_delay=delay, verify_mode=mode)
 
     async def run() -> None:
         stop = asyncio.Event()

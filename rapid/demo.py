@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 
 from rapid import models
-from rapid.export.quantize import QuantConfig, ensure_quantized_export
-from rapid.manifest import is_export_dir
+from rapid.export.fast_draft import resolve_draft
 from rapid.procs import free_port, split_cores, start_server, stop_server
 from rapid.runtime.coordinator import CoordinatorConfig
 from rapid.runtime.generate import encode_prompt, generate_text, open_edge_model
@@ -30,22 +29,6 @@ PROMPTS: list[tuple[str, str, bool]] = [  # (name, text, chat?)
     ("chat", "Explain in two sentences what a hash map is.", True),
     ("code", "import numpy as np\n\ndef softmax(x):\n", False),
 ]
-
-
-FAST_DRAFT = "default-draft-int4"  # the default draft exported to ONNX, weights int4 (MatMulNBits)
-
-
-def resolve_draft(spec: str) -> str:
-    """An export folder as is; ``default-draft-int4`` built once in the cache; else a model spec."""
-    if is_export_dir(spec):
-        return spec
-    if spec == FAST_DRAFT:
-        models.fetch_default(("draft",))
-        return str(ensure_quantized_export("default-draft", models.cache_dir() / "exports" / FAST_DRAFT,
-                                           QuantConfig("int4")))
-    if spec == "default-draft":
-        models.fetch_default(("draft",))
-    return models.resolve_model(spec)
 
 
 def _models(args) -> tuple[str, str]:
