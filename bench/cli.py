@@ -11,6 +11,7 @@ from rapid.bench.prompts import default_prompt_dir
 from rapid.bench.report import write_report
 from rapid.bench.runner import BenchConfig, run_bench
 from rapid.bench.sim_report import run_sim_cli
+from rapid.runtime.args import budget_arg
 
 # 4 min on the default pair (2 cores): the sustained-load comparison only, short prompts and outputs
 QUICK = dict(policies="fixed,rapid", sets="c4", n_prompts=1, token_budget=32, max_new=8,
@@ -55,7 +56,7 @@ def bench_parser() -> argparse.ArgumentParser:
     ap.add_argument("--net", default="auto", choices=["auto", "netem", "transport"],
                     help="real netns+netem link, delay in the transport, or auto (netem if permitted)")
     ap.add_argument("--depth", type=int, default=4)
-    ap.add_argument("--budget", type=int, default=8)
+    ap.add_argument("--budget", type=budget_arg, default="auto", help="tree nodes per round, or auto (the cloud's flat verify size)")
     ap.add_argument("--topk", type=int, default=2)
     ap.add_argument("--width", type=int, default=2)
     ap.add_argument("--edge-cpu", type=int, default=0)

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         pin({int(c) for c in args.cpus.split(",")})
 
     from rapid.server.app import VerifierServer, serve_forever
-    from rapid.server.main import choose_verify_mode, load_target
+    from rapid.server.main import choose_verify_mode, load_target, measured_flat_nodes
     from rapid.server.sessions import Limits
 
     model, _ = load_target(args.target, args.dtype, args.threads)
@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         def delay() -> float:
             return prof.sample_rtt_s(rng)
 
-    server = VerifierServer(model, Limits(16, 4096, 64), answer_delay=delay, verify_mode=mode)
+    server = VerifierServer(model, Limits(16, 4096, 64), answer_delay=delay, verify_mode=mode,
+                            flat_nodes=measured_flat_nodes(model, mode))
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -33,10 +33,10 @@ from rapid.bench.prompts import load_sets, pick, truncate_ids
 from rapid.errors import RapidError
 from rapid.export.fast_draft import resolve_draft
 from rapid.procs import free_port, start_listening, stop_server
+from rapid.runtime.args import tree_params
 from rapid.runtime.coordinator import CoordinatorConfig, assemble, controller_for
 from rapid.runtime.generate import open_edge_model
 from rapid.runtime.policies import get_policy
-from rapid.runtime.tree import TreeParams
 from rapid.sampling import SamplingParams
 from rapid.tiny import build_tiny
 
@@ -57,7 +57,7 @@ class BenchConfig:
     profiles: list[str] = field(default_factory=lambda: ["wan"])
     repeats: int = 3
     depth: int = 4
-    budget: int = 8
+    budget: int | str = "auto"  # or a node count (rapid.runtime.args.tree_params)
     topk: int = 2
     width: int = 2
     edge_cpu: int = 0
@@ -138,7 +138,7 @@ def run_bench(cfg: BenchConfig) -> Path:
     pinned = pin(edge_cpus)
     edge = open_edge_model(draft, cfg.engine, 2048, 1)
     load_device = load_device_for(edge.engine.info.device, cfg.load_device)
-    tree = TreeParams(cfg.depth, cfg.budget, cfg.topk, cfg.width)
+    tree = tree_params(cfg.depth, cfg.budget, cfg.topk, cfg.width)
     sampling = SamplingParams(0.0, 1.0, 0, cfg.seed)
     encoded = {k: [(p, truncate_ids(list(edge.tokenizer(p.text)["input_ids"]), cfg.token_budget)) for p in v]
                for k, v in chosen.items()}

@@ -79,7 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-tree", type=int, default=64)
     add_quantize_arguments(e)
 
-    sub.add_parser("doctor", help="print what this machine can run")
+    doc = sub.add_parser("doctor", help="print what this machine can run")
+    doc.add_argument("--target", help="also load this target (e.g. default-target) and measure its verify curve "
+                     "(ms at T = 1, 2, 4, 8, 16, 32) in the auto dtype and in float32, and its verify mode")
     return ap
 
 
@@ -149,7 +151,7 @@ def _dispatch(args) -> int:
     if args.cmd == "doctor":
         from rapid.doctor import run_doctor
 
-        return run_doctor()
+        return run_doctor(args.target)
     raise AssertionError(args.cmd)
 
 

@@ -7,6 +7,8 @@ import importlib
 import platform
 import shutil
 
+from rapid.precision import BF16_CPU_FLAGS, choose_dtype, cpu_flags
+
 
 def _version(mod: str) -> str | None:
     try:
@@ -67,7 +69,8 @@ def ort_providers() -> list[str]:
     return working
 
 
-def run_doctor() -> int:
+def run_doctor(target: str | None = None) -> int:
+    """Print what this machine can run; with ``target``, also load it and measure its verify curve."""
     rows: list[tuple[str, str]] = [("python", platform.python_version()), ("machine", platform.machine())]
     torch_v = _version("torch")
     if torch_v and not torch_v.startswith("import failed"):
@@ -103,7 +106,38 @@ def run_doctor() -> int:
             rows.append((row["name"], f"{'present' if row['present'] else 'absent'} at {row['path']}"))
     except Exception as e:  # noqa: BLE001
         rows.append(("default models", f"unknown: {e}"))
+    rows += precision_rows()
+    if target and torch_v and not torch_v.startswith("import failed"):
+        rows += target_rows(target)
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
-        print(f"{k.ljust(width)}  {v}")
+        print(f"{k.ljust(width)}  {v}", flush=True)
     return 0
+
+
+def precision_rows() -> list[tuple[str, str]]:
+    """What ``--dtype auto`` picks here, and why (rapid.precision)."""
+    flags = cpu_flags()
+    have = sorted(f for f in BF16_CPU_FLAGS + ("amx_tile", "avx512_vnni", "avx_vnni", "avx512f") if f in flags)
+    choice = choose_dtype("auto", "cpu", flags)
+    return [("cpu bf16/int8 flags", ", ".join(have) or "none"),
+            ("--dtype auto (cpu)", f"{choice.dtype}: {choice.reason}")]
+
+
+def target_rows(spec: str) -> list[tuple[str, str]]:
+    """Load the target as ``rapid serve`` would and measure its verify curve and verify mode."""
+    import torch
+
+    from rapid.modeling import load_decoder
+    from rapid.server.main import choose_verify_mode
+    from rapid.server.verify_curve import curve_line, measure_curve
+
+    dtype = choose_dtype("auto", "cpu", cpu_flags()).dtype
+    torch.set_num_threads(1)
+    model, _ = load_decoder(spec, getattr(torch, dtype))
+    rows = [(f"verify curve ({dtype}, 1 thread)", curve_line(measure_curve(model)) + " (128-token prefix)"),
+            ("verify mode", choose_verify_mode(model))]
+    if dtype != "float32":
+        model = model.float()
+        rows.insert(1, ("verify curve (float32, 1 thread)", curve_line(measure_curve(model))))
+    return rows

@@ -7,7 +7,7 @@ committed token), never a dense mask.
     edge → cloud   Hello(v, prompt, sampling, max_nodes, session?)   open or resume a session
                    Tree(round, tokens, parents)                        verify these drafts
                    Bye()
-    cloud → edge   Ready(session, vocab_size, capacity, max_nodes, committed)
+    cloud → edge   Ready(session, vocab_size, capacity, max_nodes, committed, flat_nodes)
                    VerdictFrame(round, path, bonus, committed, verify_s)
                    ErrorFrame(code, reason, round?)                    the round / session failed
 
@@ -58,6 +58,7 @@ class Ready:
     capacity: int
     max_nodes: int
     committed: int
+    flat_nodes: int = 0  # tree nodes the cloud verifies at about one step's cost (0 = not measured)
     T = "ready"
 
 
@@ -101,7 +102,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "prompt": (list,), "tokens": (list,), "parents": (list,), "path": (list,),
     "temperature": (float, int), "top_p": (float, int), "verify_s": (float, int),
     "top_k": (int,), "seed": (int,), "max_nodes": (int,), "v": (int,), "round": (int,),
-    "bonus": (int,), "committed": (int,), "vocab_size": (int,), "capacity": (int,),
+    "bonus": (int,), "committed": (int,), "flat_nodes": (int,), "vocab_size": (int,), "capacity": (int,),
     "session": (str,), "code": (str,), "reason": (str,)
 }
 

@@ -108,6 +108,7 @@ class Coordinator:
         t_begin = self.clock()
         ready = await self.link.open(Hello(list(prompt), sampling.temperature, sampling.top_p, sampling.top_k,
                                            sampling.seed, max_nodes=d.params.budget))
+        d.params = d.params.for_cloud(ready.max_nodes, ready.flat_nodes)
         if p.drafting and ready.max_nodes < d.params.budget:
             await self.link.close()
             raise CloudError("limits", f"tree budget {d.params.budget} exceeds the cloud's limit of "

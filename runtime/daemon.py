@@ -33,11 +33,10 @@ import signal
 
 from rapid.auth import client_ssl_context, load_token
 from rapid.errors import RapidError
-from rapid.runtime.args import add_tree_args
+from rapid.runtime.args import add_tree_args, tree_params
 from rapid.runtime.engine_pool import EdgeService
 from rapid.runtime.generate import open_edge_model
 from rapid.runtime.openai_api import create_app
-from rapid.runtime.tree import TreeParams
 
 log = logging.getLogger("rapid.edge.daemon")
 
@@ -94,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("no --token-file / RAPID_TOKEN: connecting to the cloud without a token")
     ssl = client_ssl_context(args.cloud, args.cafile)
     edges = [open_edge_model(source, args.backend, args.capacity, args.threads) for _ in range(max(1, args.parallel))]
-    service = EdgeService(edges, args.cloud, policy=args.policy, tree=TreeParams(args.depth, args.budget, args.topk, args.width),
+    service = EdgeService(edges, args.cloud, policy=args.policy, tree=tree_params(args.depth, args.budget, args.topk, args.width),
                           token=token, ssl=ssl, model_name=args.model_name or os.path.basename(source.rstrip("/")),
                           link_options={"retry_timeout": args.retry_timeout})
     config = uvicorn.Config(create_app(service), host=host, port=int(port), log_level="info",

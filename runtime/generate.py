@@ -12,6 +12,7 @@ from typing import Any
 from rapid.engines.select import open_engine
 from rapid.manifest import is_export_dir
 from rapid.models import load_tokenizer
+from rapid.runtime.args import tree_params
 from rapid.runtime.coordinator import CoordinatorConfig, Generation, assemble
 from rapid.runtime.detok import Detokenizer
 from rapid.runtime.link import CloudLink
@@ -91,7 +92,7 @@ async def generate_text(edge: EdgeModel, cloud: str, prompt_ids: list[int], *, p
 def run_generate(args) -> int:
     edge = open_edge_model(args.draft, args.engine, args.capacity, args.threads)
     ids = encode_prompt(edge.tokenizer, args.prompt, args.chat)
-    tree = TreeParams(args.depth, args.budget, args.topk, args.width)
+    tree = tree_params(args.depth, args.budget, args.topk, args.width)
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
     gen, _ = asyncio.run(generate_text(edge, args.cloud, ids, policy=args.policy, max_new=args.max_tokens,
                                        sampling=sampling, tree=tree,

@@ -20,20 +20,31 @@ positions of fed nodes come from ``rapid.geometry`` (the same builder the target
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from rapid.geometry import ROOT
 from rapid.sampling import top_k_ids
 
+AUTO_BUDGET_CAP = 64  # ``--budget auto``: never more nodes than this …
+AUTO_BUDGET_FALLBACK = 8  # … and this many when the cloud reports no verify curve
+
 
 @dataclass(slots=True, frozen=True)
 class TreeParams:
     depth: int = 4  # expansion steps = maximum node depth
-    budget: int = 16  # maximum nodes kept
+    budget: int = 16  # maximum nodes kept (with auto_budget: the cap)
     topk: int = 4  # children added per expanded node
     width: int = 4  # maximum nodes expanded (fed to the draft) per step
+    auto_budget: bool = False  # budget = the cloud's flat verify size (Ready.flat_nodes), capped by budget
+
+    def for_cloud(self, max_nodes: int, flat_nodes: int) -> TreeParams:
+        """The params for one session: with ``auto_budget`` the budget becomes
+        ``min(budget, max_nodes, flat_nodes or AUTO_BUDGET_FALLBACK)``; otherwise unchanged."""
+        if not self.auto_budget:
+            return self
+        return replace(self, budget=max(1, min(self.budget, max_nodes, flat_nodes or AUTO_BUDGET_FALLBACK)))
 
     def __post_init__(self) -> None:
         for name in ("depth", "budget", "topk", "width"):

@@ -58,8 +58,10 @@ log = logging.getLogger("rapid.server")
 class VerifierServer:
     def __init__(self, model: Decoder, limits: Limits | None = None,
                  answer_delay: Callable[[], float] | None = None, *, token: str | None = None,
-                 batch_window_ms: float = 0.0, max_batch: int = 1, verify_mode: str = "tree") -> None:
+                 batch_window_ms: float = 0.0, max_batch: int = 1, verify_mode: str = "tree",
+                 flat_nodes: int = 0) -> None:
         self.model = model
+        self.flat_nodes = flat_nodes  # told to edges in Ready (server.verify_curve.flat_nodes)
         self.verify_mode = verify_mode  # "tree" or "sequential" (rapid.server.target)
         self.answer_delay = answer_delay  # seconds to hold each verdict (transport-delay emulation)
         self.limits = limits or Limits()
@@ -166,7 +168,7 @@ class VerifierServer:
                 self._refresh_gauges()
                 log.info("session %s resumed at %d committed tokens", e.sid, len(e.session.tokens))
                 return Ready(e.sid, self.model.config.vocab_size, e.session.capacity, e.session.max_nodes,
-                             len(e.session.tokens)), e.sid
+                             len(e.session.tokens), self.flat_nodes), e.sid
             kind = "reprefilled"  # the cloud lost it (restart, expiry): prefill the committed tokens
         if not self.sessions.make_room():
             return self._error("busy", f"the server is at its limit of {self.limits.max_sessions} sessions; retry later"), sid
@@ -183,7 +185,8 @@ class VerifierServer:
         self.metrics.sessions.labels(kind).inc()
         self._refresh_gauges()
         log.info("session %s (%s): prompt of %d tokens", sid, kind, len(h.prompt))
-        return Ready(sid, self.model.config.vocab_size, session.capacity, max_nodes, len(session.tokens)), sid
+        return Ready(sid, self.model.config.vocab_size, session.capacity, max_nodes, len(session.tokens),
+                     self.flat_nodes), sid
 
     async def _verify(self, entry: Entry, t: Tree):
         t0 = time.perf_counter()

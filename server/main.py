@@ -9,8 +9,10 @@ import signal
 from rapid.auth import load_token, server_ssl_context
 from rapid.server.app import VerifierServer, serve_forever
 from rapid.server.sessions import Limits
+from rapid.server.verify_curve import FLAT_TOLERANCE, curve_line, flat_nodes, measure_curve
 
 log = logging.getLogger("rapid.server")
+FLAT_PROBE_TOKENS = (1, 4, 8, 16, 32)  # the verify-curve points measured at start-up
 
 
 def load_target(spec: str, dtype: str = "auto", threads: int = 1):
@@ -50,6 +52,17 @@ def choose_verify_mode(model, requested: str = "auto") -> str:
     return "sequential"
 
 
+def measured_flat_nodes(model, mode: str) -> int:
+    """Tree nodes verified at about one step's cost (``verify_curve.flat_nodes``), told to edges in
+    Ready so that ``--budget auto`` follows this target; 0 in sequential mode (no tree forward)."""
+    if mode != "tree":
+        return 0
+    points = measure_curve(model, FLAT_PROBE_TOKENS, prefix=64, repeats=2)
+    flat = flat_nodes(points)
+    log.info("verify curve %s: flat (<= %.1fx a step) up to %d tree nodes", curve_line(points), FLAT_TOLERANCE, flat)
+    return flat
+
+
 def run_serve(target: str, host: str, port: int, threads: int = 1, dtype: str = "auto",
               max_sessions: int = 16, max_context: int = 4096, max_nodes: int = 64, *,
               token_file: str | None = None, cert: str | None = None, key: str | None = None,
@@ -59,9 +72,10 @@ def run_serve(target: str, host: str, port: int, threads: int = 1, dtype: str = 
     ssl_ctx = server_ssl_context(cert, key)
     log.info("loading target %s (%s, %d thread(s))", target, dtype, threads)
     model, _ = load_target(target, dtype, threads)
+    mode = choose_verify_mode(model, verify)
     server = VerifierServer(model, Limits(max_sessions, max_context, max_nodes, grace, idle_timeout), token=token,
-                            batch_window_ms=batch_window_ms, max_batch=max_batch,
-                            verify_mode=choose_verify_mode(model, verify))
+                            batch_window_ms=batch_window_ms, max_batch=max_batch, verify_mode=mode,
+                            flat_nodes=measured_flat_nodes(model, mode))
 
     async def main() -> None:
         stop = asyncio.Event()

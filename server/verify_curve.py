@@ -49,5 +49,29 @@ def measure_curve(model: Decoder, tokens: Sequence[int] = CURVE_TOKENS, prefix: 
     return out
 
 
+FLAT_TOLERANCE = 1.3  # "flat": a tree forward costs at most 1.3 one-token steps
+
+
+def flat_nodes(points: Sequence[CurvePoint], tolerance: float = FLAT_TOLERANCE) -> int:
+    """The most tree nodes N whose forward (T = 1 + N) stays within ``tolerance`` × the T = 1 step,
+    linearly interpolated between the measured T; at least 1, at most the largest measured T - 1.
+
+        N = max { T - 1 : ms(T) <= tolerance · ms(1) }
+    """
+    pts = sorted(points, key=lambda p: p.tokens)
+    if not pts or pts[0].tokens != 1:
+        raise ValueError("the curve needs its T = 1 point")
+    limit = tolerance * pts[0].ms
+    best = 1.0
+    for a, b in zip(pts, pts[1:], strict=False):
+        if b.ms <= limit:
+            best = b.tokens
+            continue
+        if a.ms <= limit < b.ms:  # crosses between a and b
+            best = a.tokens + (limit - a.ms) / (b.ms - a.ms) * (b.tokens - a.tokens)
+        break
+    return max(1, int(best) - 1)
+
+
 def curve_line(points: Sequence[CurvePoint]) -> str:
     return ", ".join(f"T={p.tokens} {p.ms:.0f} ms" for p in points)

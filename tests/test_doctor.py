@@ -27,3 +27,12 @@ def test_probe_runs_and_cpu_really_works():
     sess = ort.InferenceSession(doctor.PROBE_MODEL, providers=["CPUExecutionProvider"])
     assert sess.run(None, {"x": np.array([3.5], dtype=np.float32)})[0].tolist() == [3.5]
     assert "CPUExecutionProvider" in doctor.ort_providers()
+
+
+def test_precision_rows_say_what_auto_picks_and_why():
+    from rapid.doctor import precision_rows
+    from rapid.precision import choose_dtype, cpu_flags
+
+    rows = dict(precision_rows())
+    want = choose_dtype("auto", "cpu", cpu_flags())
+    assert rows["--dtype auto (cpu)"].startswith(want.dtype) and want.reason in rows["--dtype auto (cpu)"]

@@ -1,0 +1,70 @@
+"""The verify curve and the flat size edges follow with ``--budget auto``."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rapid.engines.torch_engine import TorchEngine
+from rapid.runtime.args import budget_arg, tree_params
+from rapid.runtime.coordinator import CoordinatorConfig, assemble
+from rapid.sampling import SamplingParams
+from rapid.server.app import VerifierServer
+from rapid.server.background import BackgroundServer
+from rapid.server.main import measured_flat_nodes
+from rapid.server.target import reference_decode
+from rapid.server.verify_curve import CurvePoint, flat_nodes, measure_curve
+from rapid.tiny import EOS_ID
+
+
+def curve(*pairs):
+    return [CurvePoint(t, ms) for t, ms in pairs]
+
+
+@pytest.mark.parametrize("points, want", [
+    (curve((1, 305), (2, 297), (4, 299), (8, 361), (16, 518), (32, 732)), 8),  # bf16 on this CPU
+    (curve((1, 431), (2, 803), (4, 818), (8, 883)), 1),  # fp32 here: T=2 already costs 1.9 steps
+    (curve((1, 10), (8, 10.5), (16, 11), (32, 12)), 31),  # a GPU: flat as far as measured
+    (curve((1, 100), (4, 120), (8, 160)), 4),  # crosses between 4 (1.2x) and 8 (1.6x): T = 5
+])
+def test_flat_nodes_follows_the_curve(points, want):
+    assert flat_nodes(points) == want
+
+
+def test_flat_nodes_needs_the_one_token_point():
+    with pytest.raises(ValueError):
+        flat_nodes(curve((2, 1.0), (4, 1.0)))
+
+
+def test_measure_curve_times_every_size(tiny_pair):
+    target, _ = tiny_pair
+    points = measure_curve(target, (1, 2, 8), prefix=16, repeats=1)
+    assert [p.tokens for p in points] == [1, 2, 8] and all(p.ms > 0 for p in points)
+    assert measured_flat_nodes(target, "sequential") == 0
+    assert 1 <= measured_flat_nodes(target, "tree") <= 31
+
+
+def test_budget_argument():
+    assert budget_arg("auto") == "auto" and budget_arg("12") == 12
+    for bad in ("0", "-3", "many"):
+        with pytest.raises(Exception, match="budget"):
+            budget_arg(bad)
+    auto = tree_params(4, "auto", 2, 2)
+    assert auto.auto_budget and auto.for_cloud(64, 5).budget == 5
+    assert auto.for_cloud(64, 0).budget == 8  # no curve from the cloud: the fallback
+    assert auto.for_cloud(3, 5).budget == 3  # never above the cloud's limit
+    assert tree_params(4, 6, 2, 2).for_cloud(64, 20).budget == 6  # an explicit budget is kept
+
+
+def test_auto_budget_trees_follow_the_clouds_flat_size(tiny_pair):
+    target, drafts = tiny_pair
+    server = BackgroundServer(VerifierServer(target, flat_nodes=3))
+    try:
+        coord = assemble(TorchEngine(drafts["same"], capacity=512), tree_params(4, "auto", 2, 2), (EOS_ID,),
+                         server.url, "rapid", CoordinatorConfig(depth=4))
+        gen = asyncio.run(coord.generate(list(b"flat curve"), 24, SamplingParams()))
+    finally:
+        server.close()
+    assert gen.tokens == reference_decode(target, list(b"flat curve"), 24, SamplingParams(), (EOS_ID,))
+    assert max(r.tree_nodes for r in gen.records) == 3
