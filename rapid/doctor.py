@@ -130,12 +130,21 @@ def target_rows(spec: str) -> list[tuple[str, str]]:
 
     from rapid.modeling import load_decoder
     from rapid.server.main import choose_verify_mode
-    from rapid.server.verify_curve import curve_line, measure_curve
+    from rapid.server.verify_curve import (
+        curve_line,
+        flat_nodes,
+        measure_curve,
+        read_bandwidth_gbs,
+        roofline_line,
+    )
 
     dtype = choose_dtype("auto", "cpu", cpu_flags()).dtype
     torch.set_num_threads(1)
     model, _ = load_decoder(spec, getattr(torch, dtype))
-    rows = [(f"verify curve ({dtype}, 1 thread)", curve_line(measure_curve(model)) + " (128-token prefix)"),
+    points = measure_curve(model)
+    rows = [(f"verify curve ({dtype}, 1 thread)", curve_line(points) + " (128-token prefix)"),
+            ("flat up to", f"{flat_nodes(points)} tree nodes (what --budget auto uses)"),
+            ("memory roofline", roofline_line(model, points[0].ms, read_bandwidth_gbs())),
             ("verify mode", choose_verify_mode(model))]
     if dtype != "float32":
         model = model.float()

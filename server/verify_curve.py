@@ -75,3 +75,36 @@ def flat_nodes(points: Sequence[CurvePoint], tolerance: float = FLAT_TOLERANCE) 
 
 def curve_line(points: Sequence[CurvePoint]) -> str:
     return ", ".join(f"T={p.tokens} {p.ms:.0f} ms" for p in points)
+
+
+def weight_bytes(model: Decoder) -> int:
+    """Bytes of the weights one decode step streams (every parameter once; tied ones once)."""
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel() * p.element_size()
+    return total
+
+
+def read_bandwidth_gbs(nbytes: int = 1 << 30, repeats: int = 3) -> float:
+    """Memory read bandwidth of this thread, GB/s: the median of summing an ``nbytes`` buffer."""
+    import torch
+
+    buf = torch.ones(nbytes // 4, dtype=torch.float32)
+    buf.sum()  # fault the pages in
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        buf.sum()
+        times.append(time.perf_counter() - t0)
+    return nbytes / statistics.median(times) / 1e9
+
+
+def roofline_line(model: Decoder, t1_ms: float, bandwidth_gbs: float) -> str:
+    """The T = 1 step against its physical limit: weight bytes / memory bandwidth."""
+    gb = weight_bytes(model) / 1e9
+    limit_ms = gb / bandwidth_gbs * 1000
+    return (f"{gb:.2f} GB of weights / {bandwidth_gbs:.1f} GB/s = {limit_ms:.0f} ms per step at best; "
+            f"measured T=1 {t1_ms:.0f} ms ({limit_ms / t1_ms:.0%} of the limit)")

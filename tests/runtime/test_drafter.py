@@ -1,55 +1,67 @@
-"""rapid.runtime.drafter over a numpy fake engine: what each step feeds and sees, the KV
-invariants of the module docstring, verdicts and the boundary save/restore."""
+"""rapid.runtime.drafter over a real tiny draft (TorchEngine) behind a recording wrapper: what
+each step feeds and sees, the KV invariants of the module docstring, verdicts and the boundary
+save/restore. The wrapper only observes: every call goes to the real engine, which computes the
+logits; it mirrors which token each KV slot holds so a test can read what a row attends to."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from rapid.acceptance import validate_tree
-from rapid.engines.base import EngineInfo, ReadyHandle, check_step_args
+from rapid.engines.torch_engine import TorchEngine
 from rapid.runtime.drafter import Drafter
 from rapid.runtime.tree import TreeParams
+from rapid.tiny import VOCAB
 
-VOCAB = 24
 
+class Recording:
+    """A real engine plus the token in each of its KV slots, and per step the fed tokens and the
+    tokens each row may attend to."""
 
-class TokenKV:
-    """A fake draft engine: its 'KV' is the token in each slot; logits depend only on the fed token."""
-
-    def __init__(self, capacity: int = 256, seed: int = 0) -> None:
-        self.info = EngineInfo("fake", "cpu", VOCAB, capacity, ())
-        self.table = np.random.default_rng(seed).normal(0.0, 3.0, size=(VOCAB, VOCAB))
+    def __init__(self, inner: TorchEngine) -> None:
+        self.inner = inner
+        self.info = inner.info
         self.slots: list[int] = []
-        self.seen: list[tuple[list[int], list[list[int]]]] = []  # per step: fed tokens, tokens each row sees
+        self.seen: list[tuple[list[int], list[list[int]]]] = []
 
     @property
     def kv_len(self) -> int:
-        return len(self.slots)
+        assert self.inner.kv_len == len(self.slots)
+        return self.inner.kv_len
 
     def step(self, tokens, positions, allowed, rows=None):
-        check_step_args(self.kv_len, self.info.capacity, tokens, positions, allowed)
+        handle = self.inner.step(tokens, positions, allowed, rows)
         self.slots += list(tokens)
         self.seen.append((list(tokens), [[self.slots[j] for j in np.flatnonzero(a)] for a in allowed]))
-        logits = self.table[list(tokens)]
-        return ReadyHandle(logits if rows is None else logits[list(rows)])
+        return handle
 
     def truncate(self, length: int) -> None:
+        self.inner.truncate(length)
         del self.slots[length:]
 
     def compact(self, src_slots, dst_start: int) -> None:
+        self.inner.compact(src_slots, dst_start)
         moved = [self.slots[s] for s in src_slots]
         self.slots[dst_start:] = moved
 
     def reset(self) -> None:
+        self.inner.reset()
         self.slots = []
+
+
+@pytest.fixture
+def engine(tiny_pair):
+    _, drafts = tiny_pair
+    return lambda: Recording(TorchEngine(drafts["partial"], capacity=256))
 
 
 def path_tokens(d: Drafter, node: int) -> list[int]:
     return [d.tree.tokens[i] for i in d.tree.path(node)]
 
 
-def test_every_row_sees_the_committed_prefix_and_its_own_path():
-    eng = TokenKV()
+def test_every_row_sees_the_committed_prefix_and_its_own_path(engine):
+    eng = engine()
     d = Drafter(eng, TreeParams(depth=3, budget=8, topk=2, width=2))
     prompt = [1, 2, 3, 4]
     d.start(prompt)
@@ -67,8 +79,8 @@ def test_every_row_sees_the_committed_prefix_and_its_own_path():
     assert checked >= 3
 
 
-def test_tree_is_valid_and_kv_invariants_hold():
-    eng = TokenKV(seed=3)
+def test_tree_is_valid_and_kv_invariants_hold(engine):
+    eng = engine()
     p = TreeParams(depth=4, budget=10, topk=3, width=2)
     d = Drafter(eng, p)
     d.start([5, 6, 7])
@@ -82,8 +94,8 @@ def test_tree_is_valid_and_kv_invariants_hold():
             assert eng.slots[s] == d.tree.tokens[i]
 
 
-def test_verdict_commits_path_and_bonus_and_keeps_the_prefix_kv():
-    eng = TokenKV(seed=1)
+def test_verdict_commits_path_and_bonus_and_keeps_the_prefix_kv(engine):
+    eng = engine()
     d = Drafter(eng, TreeParams(depth=3, budget=8, topk=2, width=2))
     prompt = [9, 8, 7]
     d.start(prompt)
@@ -97,8 +109,8 @@ def test_verdict_commits_path_and_bonus_and_keeps_the_prefix_kv():
     assert eng.slots[: len(d.committed)] == d.committed
 
 
-def test_restore_boundary_drops_the_branch():
-    eng = TokenKV(seed=2)
+def test_restore_boundary_drops_the_branch(engine):
+    eng = engine()
     d = Drafter(eng, TreeParams(depth=2, budget=6, topk=2, width=2))
     d.start([3, 4])
     d.draft(2)
