@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rapid.engines.select import open_engine
+from rapid.export.fast_draft import FAST_DRAFT, resolve_draft
 from rapid.manifest import is_export_dir
 from rapid.models import load_tokenizer
 from rapid.runtime.args import tree_params
@@ -31,7 +32,10 @@ class EdgeModel:
 
 
 def open_edge_model(draft: str, engine: str = "auto", capacity: int = 2048, threads: int = 1) -> EdgeModel:
-    """Load the draft behind the requested backend (``rapid.engines.select``) and its tokenizer."""
+    """Load the draft behind the requested backend (``rapid.engines.select``) and its tokenizer;
+    ``default-draft-int4`` is the cached int4 ONNX export (``rapid.export.fast_draft``)."""
+    if draft == FAST_DRAFT:
+        draft = resolve_draft(draft)
     eng = open_engine(engine, draft, capacity=capacity, threads=threads)
     if is_export_dir(draft):  # the export copied the tokenizer: no hub needed on the edge
         from transformers import AutoTokenizer

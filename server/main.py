@@ -57,7 +57,7 @@ def measured_flat_nodes(model, mode: str) -> int:
     Ready so that ``--budget auto`` follows this target; 0 in sequential mode (no tree forward)."""
     if mode != "tree":
         return 0
-    points = measure_curve(model, FLAT_PROBE_TOKENS, prefix=64, repeats=2)
+    points = measure_curve(model, FLAT_PROBE_TOKENS, prefix=64, repeats=3)
     flat = flat_nodes(points)
     log.info("verify curve %s: flat (<= %.1fx a step) up to %d tree nodes", curve_line(points), FLAT_TOLERANCE, flat)
     return flat

@@ -49,7 +49,7 @@ def measure_curve(model: Decoder, tokens: Sequence[int] = CURVE_TOKENS, prefix: 
     return out
 
 
-FLAT_TOLERANCE = 1.3  # "flat": a tree forward costs at most 1.3 one-token steps
+FLAT_TOLERANCE = 1.2  # "flat": a tree forward costs at most 1.2 one-token steps
 
 
 def flat_nodes(points: Sequence[CurvePoint], tolerance: float = FLAT_TOLERANCE) -> int:

@@ -65,8 +65,14 @@ def test_batched_sessions_keep_every_row_invariant_bf16(bf16_tiny, batch):
     assert check.invariant, check
 
 
-def test_default_target_layer_stack_is_invariant_in_bf16(real_shapes):
-    check = probe(real_shapes)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_default_target_layer_stack_is_invariant_in_bf16(real_shapes, threads):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        check = probe(real_shapes)
+    finally:
+        torch.set_num_threads(before)
     assert check.invariant and check.rows == 19, check
 
 
