@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rapid.runtime.tree import AUTO_BUDGET_CAP, AUTO_BUDGET_FALLBACK, TreeParams
+from rapid.runtime.tree import AUTO_BUDGET_CAP, AUTO_BUDGET_FALLBACK, AUTO_BUDGET_MIN, TreeParams
 
 
 def budget_arg(text: str) -> int | str:
@@ -32,7 +32,8 @@ def add_tree_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--depth", type=int, default=4, help="tree depth (fixed policies) / initial depth (CAAC)")
     p.add_argument("--budget", type=budget_arg, default="auto",
                    help="max tree nodes kept per round, or auto: as many as the cloud verifies at about one "
-                        f"step's cost (its measured verify curve; {AUTO_BUDGET_FALLBACK} if it has none)")
+                        f"step's cost (its measured verify curve), at least {AUTO_BUDGET_MIN}; "
+                        f"{AUTO_BUDGET_FALLBACK} if it has none")
     p.add_argument("--topk", type=int, default=2, help="children per expanded node")
     p.add_argument("--width", type=int, default=2, help="nodes expanded per step")
     p.add_argument("--max-tokens", type=int, default=64)
