@@ -115,8 +115,24 @@ def main() -> int:
         ok &= same
         print(f"- exactness, target+draft on GPU, policy {name}, T={t}: {'identical' if same else 'DIFFERENT'} "
               f"(tokens/target call {tpc:.2f})")
+    bf16_invariance(tgt_dir)
     print(f"- overall: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
+
+
+def bf16_invariance(tgt_dir: str) -> None:
+    """5. Is a bf16 tree forward on this GPU bitwise a one-token step (what --verify auto measures)?
+    Reported, not required: where it is not, rapid serve verifies sequentially."""
+    from transformers import AutoModelForCausalLM
+
+    from rapid.modeling import Decoder
+    from rapid.server.invariance import probe
+
+    model = Decoder.from_hf(AutoModelForCausalLM.from_pretrained(tgt_dir, dtype=torch.float32))
+    for dtype in (torch.bfloat16, torch.float32):
+        check = probe(model.to(device="cuda", dtype=dtype))
+        print(f"- batch invariance on the GPU, {dtype}: {'bitwise, tree mode' if check.invariant else 'NOT invariant'}"
+              f" ({check.differing}/{check.rows} rows differ, max |dlogit| {check.max_abs_diff:.3g})")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 #   1. builds the CUDA KV kernels and compares them with the CPU ones (native.selftest_cuda),
 #   2. runs the PyTorch draft on CUDA with a CUDA event after every expansion step,
 #   3. runs edge–cloud exactness with the target on the GPU (all policies, greedy + sampling),
+#   4. measures whether bf16/fp32 tree forwards are bitwise one-token steps on the GPU,
 # and writes a short report to ${OUT:-.}/device_report.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."

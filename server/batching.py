@@ -117,7 +117,9 @@ def forward_batch(items) -> tuple[torch.Tensor, list[list[int]], list[int]]:
         pos[b, :t] = torch.as_tensor(pos_l[b])
         allowed[b, :t, : allowed_l[b].shape[1]] = torch.from_numpy(allowed_l[b])
         allowed[b, t:, 0] = True  # padding rows: attend to something (their output is unused)
-    mask = additive_mask(allowed, model.dtype)[0, 0][:, None]  # [B, 1, T, S]
+    dev = items[0][0].device  # the target may live on a GPU
+    ids, pos = ids.to(dev), pos.to(dev)
+    mask = additive_mask(allowed.to(dev), model.dtype)[0, 0][:, None]  # [B, 1, T, S]
     for (s, _, _), t in zip(items, kv.new, strict=True):
         s.kv.begin(t)
     with torch.inference_mode():
@@ -133,7 +135,7 @@ def _forward_rows(items) -> list[Verdict | Exception]:
         t = len(pos_l[b])
         kv_len = kv_lens[b]
         try:
-            verdict = s.decide(logits[b, :t].float().numpy(), pos_l[b], tokens, parents)
+            verdict = s.decide(logits[b, :t].float().cpu().numpy(), pos_l[b], tokens, parents)
         except Exception as e:  # noqa: BLE001 — this row only; its KV stays at kv_len
             s.kv._pending = 0
             verdicts.append(e)

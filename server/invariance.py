@@ -100,7 +100,7 @@ def compare_batch(model: Decoder, trees: Sequence[tuple[Sequence[int], Sequence[
     logits, pos_l, _ = forward_batch([(s, t, par) for s, (_, t, par) in zip(sessions, trees, strict=True)])
     check = RowCheck(0, 0, 0.0)
     for b, (p, t, par) in enumerate(trees):
-        got = logits[b, : len(pos_l[b])].float().numpy()
+        got = logits[b, : len(pos_l[b])].float().cpu().numpy()
         check = check.merge(compare_rows(got, expected_rows(model, p, t, par)))
     return check
 
