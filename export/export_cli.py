@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rapid.errors import RapidError
 from rapid.export.onnx_export import export_onnx
-from rapid.export.quantize import SCHEMES, QuantConfig, quantize_export
+from rapid.export.quantize import SCHEMES, QuantConfig, QuantizeError, quantize_export
 from rapid.manifest import ONNX_FILE
 
 
@@ -40,6 +40,19 @@ def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quant-block", type=int, default=128, help="input channels per quantization scale")
 
 
+def _quant_config(args: argparse.Namespace) -> QuantConfig | None:
+    """``--quantize``'s config, or None; refuses combinations it cannot honour before any work."""
+    scheme = getattr(args, "quantize", None)
+    if scheme is None:
+        return None
+    if args.dtype != "fp32":
+        raise QuantizeError("--quantize starts from the fp32 graph: drop --dtype fp16")
+    if getattr(args, "trt", False):
+        raise QuantizeError("--quantize makes an ONNX Runtime graph (MatMulNBits); TensorRT builds from "
+                            "the fp32/fp16 export: use one of --quantize and --trt")
+    return QuantConfig(scheme, args.quant_block)
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     """Run an export from parsed arguments (``rapid export`` or :func:`main`); returns the exit code.
 
@@ -48,27 +61,28 @@ def run_from_args(args: argparse.Namespace) -> int:
     """
     out = Path(args.out)
     try:
+        quant = _quant_config(args)
         m = export_onnx(args.model, out, dtype=args.dtype, max_context=args.max_context,
                         max_tree=args.max_tree, progress=not getattr(args, "no_progress", False),
                         opset=getattr(args, "opset", None))
     except RapidError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if getattr(args, "quantize", None):
-        try:
-            q = quantize_export(out, QuantConfig(args.quantize, args.quant_block), load_export_tokenizer(out))
-        except RapidError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        print(f"quantized to {q['scheme']} (block {q['block_size']}, accuracy level {q['accuracy_level']}): "
-              f"top-1 agreement with fp32 {q['top1_vs_fp32']:.1%} over {q['positions']} positions, "
-              f"max|Δlogit| {q['max_abs_diff_vs_fp32']:.3g}")
     par = m["parity"]
     print(f"wrote {out / ONNX_FILE} ({m['dtype']}, opset {m['exporter']['opset']}) in "
           f"{m['timings_s']['total']:.1f} s")
     for name, case in par["cases"].items():
         print(f"  parity {name:7s} T={case['T']:<2d} P={case['P']:<2d} max|Δlogit|={case['max_abs_diff']:.3g} "
               f"(bound {case['bound']:.3g}) top1={case['top1_agree']:.2f}")
+    if quant is not None:
+        try:
+            q = quantize_export(out, quant, load_export_tokenizer(out))
+        except RapidError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"quantized to {q['scheme']} (block {q['block_size']}, accuracy level {q['accuracy_level']}): "
+              f"top-1 agreement with fp32 {q['top1_vs_fp32']:.1%} over {q['positions']} positions, "
+              f"max|Δlogit| {q['max_abs_diff_vs_fp32']:.3g}")
     if getattr(args, "trt", False):
         from rapid.export.trt_build import build_trt
 

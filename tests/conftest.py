@@ -47,3 +47,14 @@ def tiny_pair(tiny_dir):
         "unrelated": load(tiny_dir("unrelated", seed=7, dtype="float64")),
     }
     return target, drafts
+
+
+@pytest.fixture(scope="session")
+def partial_onnx_export(tiny_dir, tmp_path_factory):
+    """The float32 "partial" tiny draft exported to ONNX once (capacity 512, trees up to 64)."""
+    from rapid.export.onnx_export import export_onnx
+
+    out = tmp_path_factory.mktemp("onnx-draft")
+    export_onnx(tiny_dir("partial32", seed=1, base_seed=0, perturb=0.08), out, max_context=512, max_tree=64,
+                progress=False)
+    return out

@@ -117,14 +117,9 @@ def test_slow_cloud_interrupts_branches_and_stays_exact(tiny_pair):
 
 
 @pytest.fixture(scope="module")
-def onnx_draft(tiny_dir, tmp_path_factory):
+def onnx_draft(partial_onnx_export):
     """The partial draft exported to ONNX (fp32 draft; the float64 target still decides every token)."""
-    from rapid.export.onnx_export import export_onnx
-
-    out = tmp_path_factory.mktemp("onnx-draft")
-    export_onnx(tiny_dir("partial32", seed=1, base_seed=0, perturb=0.08), out, max_context=512, max_tree=64,
-                progress=False)
-    return out
+    return partial_onnx_export
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))

@@ -27,13 +27,8 @@ from rapid.tiny import EOS_ID
 
 
 @pytest.fixture(scope="module")
-def fp32_export(tiny_dir, tmp_path_factory):
-    from rapid.export.onnx_export import export_onnx
-
-    out = tmp_path_factory.mktemp("fp32-export")
-    export_onnx(tiny_dir("partial32", seed=1, base_seed=0, perturb=0.08), out, max_context=256, max_tree=32,
-                progress=False)
-    return out
+def fp32_export(partial_onnx_export):
+    return partial_onnx_export
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +77,17 @@ def test_quantized_draft_keeps_output_exact(tiny_pair, int8_export):
                 assert gen.tokens == reference_decode(target, list(b"quantized"), 20, sampling, (EOS_ID,))
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("extra, why", [(["--trt"], "use one of --quantize and --trt"),
+                                        (["--dtype", "fp16"], "drop --dtype fp16")])
+def test_export_cli_refuses_what_quantization_cannot_honour(tmp_path, capsys, extra, why):
+    import argparse
+
+    from rapid.export.export_cli import add_arguments, run_from_args
+
+    args = add_arguments(argparse.ArgumentParser()).parse_args(["x", "--out", str(tmp_path), "--quantize", "int4",
+                                                                *extra])
+    assert run_from_args(args) == 2
+    assert why in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before any work
