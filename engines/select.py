@@ -21,6 +21,7 @@ from typing import Any
 
 from rapid.errors import RapidError
 from rapid.manifest import ENGINE_FILE, ONNX_FILE, is_export_dir, load_manifest
+from rapid.precision import choose_dtype, cpu_flags
 
 log = logging.getLogger("rapid.engines")
 
@@ -102,7 +103,8 @@ def open_engine(kind: str = "auto", source: str | os.PathLike[str] = "default-dr
     ``capacity``: KV slots (default: the export's max_context, or 2048 for torch).
     ``device``: torch device for ``torch`` ("cpu" default), CUDA ordinal for ``trt``.
     ``threads``: intra-op threads (torch.set_num_threads / ORT intra_op_num_threads).
-    ``options``: passed to the backend class (e.g. ``kv_binding`` for onnx).
+    ``options``: passed to the backend class (e.g. ``kv_binding`` for onnx); for torch, ``dtype``
+    (default ``"auto"``: bf16 where the device computes it natively, ``rapid.precision``).
     """
     chosen, reason = choose_backend(kind, source)
     log.info("draft engine: %s (%s) from %s", chosen, reason, source)
@@ -124,7 +126,12 @@ def open_engine(kind: str = "auto", source: str | os.PathLike[str] = "default-dr
     spec = _torch_model_spec(source)
     if capacity is None:
         capacity = int(load_manifest(source)["max_context"]) if is_export_dir(source) else 2048
-    decoder, _ = load_decoder(spec, dtype=options.pop("dtype", torch.float32))
+    dtype = options.pop("dtype", "auto")  # a torch dtype, or a rapid.precision name ("auto": bf16 where native)
+    if isinstance(dtype, str):
+        choice = choose_dtype(dtype, device or "cpu", cpu_flags())
+        log.info("torch draft dtype %s (%s)", choice.dtype, choice.reason)
+        dtype = getattr(torch, choice.dtype)
+    decoder, _ = load_decoder(spec, dtype=dtype)
     if options:
         raise EngineSelectError(f"options {sorted(options)} do not apply to the torch backend")
     return TorchEngine(decoder, capacity=capacity, device=device or "cpu")

@@ -191,6 +191,8 @@ class Drafter:
         self.branch_node = b
         rec = self._feed_nodes([b], "branch")
         t.add_children(b, self.params.topk, self.stop_ids)
+        self._prune(b)  # b's children are D_{i+1}'s first level: never more than the budget
+        t = self.tree
         yield rec
         level = 1
         while True:

@@ -1,13 +1,11 @@
 """Batched verification: trees of several sessions in one target forward.
 
 Trees that arrive within ``window_s`` of each other (at most ``max_batch``) are verified together.
-Row b of the batch is session b's ``[root] + nodes`` (``T_b = 1 + N_b`` tokens) padded to
-``T = max T_b``; its keys are the session's own KV (``P_b`` entries) followed by its ``T_b`` new
-entries, padded to ``S = max(P_b + T_b)``. The mask of row b is exactly the single-session tree
-mask (``rapid.server.target.TargetSession.tree_inputs``) in the top-left corner, everything else blocked,
-so each row computes what that session alone would compute; the padding never reaches a real
-row. After the forward every session picks, accepts and compacts on its own, as in
-``TargetSession.verify``.
+Each session's tree is laid out as root-to-leaf chains (``rapid.server.chains``), and the chains
+of all sessions are the batch rows of one forward: row b sees its session's KV followed by its
+own chain, causally, padded at the end, so each row computes exactly what that session's
+one-token step would (bitwise in bf16). After the forward every session picks, accepts and
+commits its accepted chain on its own, as in ``TargetSession.verify``.
 
 A batch of one takes ``TargetSession.verify`` itself (bit-identical to the unbatched server).
 Each session has at most one tree in flight (the server holds a per-session lock), so a
@@ -22,34 +20,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
-import torch
-
 from rapid.acceptance import Verdict
-from rapid.modeling import additive_mask
+from rapid.server.chains import forward_chains
 from rapid.server.target import BadTreeError, TargetSession
-
-
-class _BatchKV:
-    """``KVStore`` over the sessions' own ``StaticKV``s: writes each row's new entries into its
-    session's buffer and hands the layer a padded ``[B, KVH, S, d]`` view."""
-
-    def __init__(self, kvs, new_lens: Sequence[int]) -> None:
-        self.kvs = kvs
-        self.new = list(new_lens)
-        self.past = [kv.length for kv in kvs]
-        self.s = max(p + t for p, t in zip(self.past, self.new, strict=True))
-
-    def attend_kv(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
-        b_, h, _, d = k_new.shape
-        k_out = k_new.new_zeros((b_, h, self.s, d))
-        v_out = v_new.new_zeros((b_, h, self.s, d))
-        for b, kv in enumerate(self.kvs):
-            p, t = self.past[b], self.new[b]
-            kv.k[layer, :, p:p + t] = k_new[b, :, :t]
-            kv.v[layer, :, p:p + t] = v_new[b, :, :t]
-            k_out[b, :, :p + t] = kv.k[layer, :, :p + t]
-            v_out[b, :, :p + t] = kv.v[layer, :, :p + t]
-        return k_out, v_out
 
 
 def verify_batch(items: Sequence[tuple[TargetSession, Sequence[int], Sequence[int]]]) -> list[Verdict | Exception]:
@@ -94,55 +67,20 @@ def _one_by_one(items) -> list[Verdict | Exception]:
     return results
 
 
-def forward_batch(items) -> tuple[torch.Tensor, list[list[int]], list[int]]:
-    """One forward over the sessions' trees: logits ``[B, T, V]``, each row's positions and KV
-    length before it. The new KV entries are written but not committed (the caller does)."""
-    model = items[0][0].model
-    b_ = len(items)
-    ids_l, pos_l, allowed_l, kv_lens = [], [], [], []
-    for s, tokens, parents in items:
-        ids, pos, allowed = s.tree_inputs(tokens, parents)
-        ids_l.append(ids)
-        pos_l.append(pos)
-        allowed_l.append(allowed)
-        kv_lens.append(s.kv.length)
-    t_max = max(max(len(x) for x in ids_l), items[0][0].min_rows)  # per-row GEMMs of M >= 2 in bf16
-    kv = _BatchKV([s.kv for s, _, _ in items], [len(x) for x in ids_l])
-    ids = torch.zeros((b_, t_max), dtype=torch.long)
-    pos = torch.zeros((b_, t_max), dtype=torch.long)
-    allowed = torch.zeros((b_, t_max, kv.s), dtype=torch.bool)
-    for b in range(b_):
-        t = len(ids_l[b])
-        ids[b, :t] = torch.as_tensor(ids_l[b])
-        pos[b, :t] = torch.as_tensor(pos_l[b])
-        allowed[b, :t, : allowed_l[b].shape[1]] = torch.from_numpy(allowed_l[b])
-        allowed[b, t:, 0] = True  # padding rows: attend to something (their output is unused)
-    dev = items[0][0].device  # the target may live on a GPU
-    ids, pos = ids.to(dev), pos.to(dev)
-    mask = additive_mask(allowed.to(dev), model.dtype)[0, 0][:, None]  # [B, 1, T, S]
-    for (s, _, _), t in zip(items, kv.new, strict=True):
-        s.kv.begin(t)
-    with torch.inference_mode():
-        logits = model(ids, pos, mask, kv)  # [B, T, V]
-    return logits, pos_l, kv_lens
-
-
 def _forward_rows(items) -> list[Verdict | Exception]:
-    """The batched forward; raises only before any session state changed."""
-    logits, pos_l, kv_lens = forward_batch(items)
+    """The batched forward (every session's chains, ``rapid.server.chains``); raises only before
+    any session state changed."""
+    sessions = [s for s, _, _ in items]
+    results = forward_chains(sessions[0].model, [s.chain_job(t, p) for s, t, p in items], sessions[0].min_rows)
     verdicts: list[Verdict | Exception] = []
-    for b, (s, tokens, parents) in enumerate(items):
-        t = len(pos_l[b])
-        kv_len = kv_lens[b]
+    for s, (_, tokens, parents), result in zip(sessions, items, results, strict=True):
         try:
-            verdict = s.decide(logits[b, :t].float().cpu().numpy(), pos_l[b], tokens, parents)
-        except Exception as e:  # noqa: BLE001 — this row only; its KV stays at kv_len
-            s.kv._pending = 0
+            verdict = s.decide(s.logits(result), result.positions, tokens, parents)
+        except Exception as e:  # noqa: BLE001 — this row only; its KV is untouched
             verdicts.append(e)
             continue
-        s.kv.commit(t)
         s.forwards += 1
-        s.advance(verdict, tokens, kv_len)
+        s.commit(result, verdict, tokens)
         verdicts.append(verdict)
     return verdicts
 

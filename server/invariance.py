@@ -24,7 +24,7 @@ from rapid.acceptance import Verdict
 from rapid.geometry import ROOT
 from rapid.modeling import Decoder
 from rapid.sampling import SamplingParams
-from rapid.server.batching import forward_batch
+from rapid.server.chains import forward_chains
 from rapid.server.target import TargetSession
 
 
@@ -57,10 +57,10 @@ def step_logits(model: Decoder, prompt: Sequence[int], forced: Sequence[int]) ->
     s = TargetSession(model, prompt, SamplingParams(), capacity=len(prompt) + len(forced) + 4)
     rows = []
     for k in range(len(forced) + 1):
-        logits, _, kv_len = s.forward_tree([], [])
-        rows.append(logits[0])
+        result = s.forward_tree([], [])
+        rows.append(s.logits(result)[0])
         if k < len(forced):
-            s.advance(Verdict((), int(forced[k])), [], kv_len)  # commit the forced token
+            s.commit(result, Verdict((), int(forced[k])), [])  # commit the forced token
     return rows
 
 
@@ -89,7 +89,7 @@ def compare_tree(model: Decoder, prompt: Sequence[int], tokens: Sequence[int],
     """Rows of one tree forward vs the target-alone steps of their prefixes (bitwise)."""
     s = TargetSession(model, prompt, SamplingParams(), capacity=len(prompt) + len(tokens) + 4,
                       max_nodes=max(1, len(tokens)))
-    got, _, _ = s.forward_tree(tokens, parents)
+    got = s.logits(s.forward_tree(tokens, parents))
     return compare_rows(got, expected_rows(model, prompt, tokens, parents))
 
 
@@ -97,11 +97,11 @@ def compare_batch(model: Decoder, trees: Sequence[tuple[Sequence[int], Sequence[
     """Each (prompt, tokens, parents) tree in one batched forward vs its target-alone steps."""
     sessions = [TargetSession(model, p, SamplingParams(), capacity=len(p) + len(t) + 4, max_nodes=max(1, len(t)))
                 for p, t, _ in trees]
-    logits, pos_l, _ = forward_batch([(s, t, par) for s, (_, t, par) in zip(sessions, trees, strict=True)])
+    results = forward_chains(model, [s.chain_job(t, par) for s, (_, t, par) in zip(sessions, trees, strict=True)],
+                             sessions[0].min_rows)
     check = RowCheck(0, 0, 0.0)
-    for b, (p, t, par) in enumerate(trees):
-        got = logits[b, : len(pos_l[b])].float().cpu().numpy()
-        check = check.merge(compare_rows(got, expected_rows(model, p, t, par)))
+    for s, (p, t, par), result in zip(sessions, trees, results, strict=True):
+        check = check.merge(compare_rows(s.logits(result), expected_rows(model, p, t, par)))
     return check
 
 

@@ -33,10 +33,12 @@ import torch
 
 from rapid.acceptance import Verdict, accept, finish, validate_tree
 from rapid.errors import RapidError
-from rapid.geometry import ROOT, ancestor_mask, causal_allowed, node_positions, tree_depths
+from rapid.geometry import ROOT, node_positions, tree_depths
 from rapid.kvcache import StaticKV
-from rapid.modeling import Decoder, additive_mask
+from rapid.modeling import Decoder
 from rapid.sampling import SamplingParams, pick_tokens
+from rapid.server.chains import ChainJob, ChainResult, forward_chains, leaf_chains
+from rapid.server.chains import commit as chains_commit
 
 
 class BadTreeError(RapidError):
@@ -79,41 +81,28 @@ class TargetSession:
         self.kv = StaticKV.for_config(model.config, capacity, model.dtype, self.device)
         self.tokens: list[int] = list(prompt)
         self.forwards = 0
-        if len(prompt) > 1:
-            self._forward(self.tokens[:-1], list(range(len(prompt) - 1)),
-                          causal_allowed(0, len(prompt) - 1), rows=[])
+        if len(prompt) > 1:  # the prompt's KV but its last token (the first tree's root)
+            rows = list(range(len(prompt) - 1))
+            job = ChainJob(self.kv, self.tokens[:-1], rows, [rows])
+            chains_commit(forward_chains(model, [job], self.min_rows, logits=False)[0], self.kv, rows)
+            self.forwards += 1
 
     @property
     def capacity(self) -> int:
         return self.kv.capacity
 
-    def _forward(self, ids, pos, allowed, rows=None) -> np.ndarray:
-        t = len(ids)
-        pad = 0 < t < self.min_rows  # dummy rows that see only themselves; the lm_head sees them too
-        if pad:
-            ids, pos, allowed = pad_rows(ids, pos, allowed, self.min_rows)
-        select = None if rows is None or pad else torch.as_tensor(rows, dtype=torch.long, device=self.device)
-        self.kv.begin(len(ids))
-        with torch.inference_mode():
-            logits = self.model(
-                torch.as_tensor([ids], dtype=torch.long, device=self.device),
-                torch.as_tensor([pos], dtype=torch.long, device=self.device),
-                additive_mask(torch.as_tensor(allowed, device=self.device), self.model.dtype), self.kv,
-                select,
-            )[0]
-        if pad:
-            logits = logits[:t] if rows is None else logits[list(rows)]
-        self.kv.commit(t)
+    def chain_job(self, tokens: Sequence[int], parents: Sequence[int]) -> ChainJob:
+        """[root] + nodes as chains (``rapid.server.chains``): ids, positions, root-to-leaf paths."""
+        n_ctx = len(self.tokens)
+        ids = [self.tokens[-1], *tokens]
+        pos = [n_ctx - 1, *node_positions(tree_depths(parents), n_ctx - 1)]
+        return ChainJob(self.kv, ids, pos, leaf_chains(parents))
+
+    def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> ChainResult:
+        """The tree forward (logits ``[1+N, V]``); changes nothing until ``commit``."""
+        result = forward_chains(self.model, [self.chain_job(tokens, parents)], self.min_rows)[0]
         self.forwards += 1
-        return logits.float().cpu().numpy()
-
-    def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> tuple[np.ndarray, list[int], int]:
-        """The tree forward: logits ``[1+N, V]``, positions ``[1+N]`` and the KV length before it.
-
-        The tree's KV entries stay written (uncommitted to the sequence) until ``advance``."""
-        kv_len = self.kv.length
-        ids, pos, allowed = self.tree_inputs(tokens, parents)
-        return self._forward(ids, pos, allowed), pos, kv_len
+        return result
 
     def check_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> str | None:
         """Why this tree cannot be verified now (malformed, over a limit, context full), or None."""
@@ -122,26 +111,20 @@ class TargetSession:
             why = f"context full: {len(self.tokens)} committed + {len(tokens)} tree nodes exceed {self.kv.capacity}"
         return why
 
-    def tree_inputs(self, tokens: Sequence[int], parents: Sequence[int]) -> tuple[list[int], list[int], np.ndarray]:
-        """ids [1+N], positions [1+N] and allowed [1+N, kv_len+1+N] for [root] + nodes."""
-        n_ctx, kv_len, n = len(self.tokens), self.kv.length, len(tokens)
-        ids = [self.tokens[-1], *tokens]
-        pos = [n_ctx - 1, *node_positions(tree_depths(parents), n_ctx - 1)]
-        # row 0 is the root at slot kv_len; node j is row 1 + j at slot kv_len + 1 + j; all see prefix + root
-        slots = [kv_len + 1 + j for j in range(n)]
-        return ids, pos, ancestor_mask(parents, [ROOT, *range(n)], slots, kv_len, see=kv_len + 1)
-
     def decide(self, logits: np.ndarray, pos: Sequence[int], tokens: Sequence[int],
                parents: Sequence[int]) -> Verdict:
         """The acceptance rule on this tree's logits ``[1+N, V]``; changes nothing."""
         picks = pick_tokens(logits, np.asarray(pos) + 1, self.params)
         return accept(tokens, parents, picks.tolist())
 
-    def advance(self, verdict: Verdict, tokens: Sequence[int], kv_len: int) -> None:
-        """Keep the KV of the root and the accepted path (compaction); append path + bonus."""
-        self.kv.compact([kv_len] + [kv_len + 1 + j for j in verdict.path], kv_len)
+    def commit(self, result: ChainResult, verdict: Verdict, tokens: Sequence[int]) -> None:
+        """Keep the KV of the root and the accepted path; append path tokens + bonus."""
+        chains_commit(result, self.kv, [0, *(1 + j for j in verdict.path)])
         self.tokens.extend(tokens[j] for j in verdict.path)
         self.tokens.append(verdict.bonus)
+
+    def logits(self, result: ChainResult) -> np.ndarray:
+        return result.logits.float().cpu().numpy()
 
     def verify(self, tokens: Sequence[int], parents: Sequence[int]) -> Verdict:
         """Verify one tree; on success the session has advanced by ``verdict.emitted`` tokens."""
@@ -150,13 +133,9 @@ class TargetSession:
             raise BadTreeError(why)
         if self.mode == "sequential" and tokens:
             return self._verify_sequential(tokens, parents)
-        logits, pos, kv_len = self.forward_tree(tokens, parents)  # [1+N, V]
-        try:
-            verdict = self.decide(logits, pos, tokens, parents)
-        except Exception:
-            self.kv.truncate(kv_len)  # nothing half-applied
-            raise
-        self.advance(verdict, tokens, kv_len)
+        result = self.forward_tree(tokens, parents)
+        verdict = self.decide(self.logits(result), result.positions, tokens, parents)  # raises: nothing changed
+        self.commit(result, verdict, tokens)
         return verdict
 
 
@@ -172,19 +151,6 @@ class TargetSession:
                 return Verdict(tuple(path), step.bonus)
             path.append(child)
             node = child
-
-
-def pad_rows(ids: Sequence[int], pos: Sequence[int], allowed: np.ndarray,
-             rows: int) -> tuple[list[int], list[int], np.ndarray]:
-    """Append dummy rows (copies of the last token) up to ``rows``; each sees only itself, and no
-    real row sees them. ``allowed`` ``[T, S]`` becomes ``[rows, S + rows - T]``."""
-    t, s = allowed.shape
-    extra = rows - t
-    out = np.zeros((rows, s + extra), dtype=bool)
-    out[:t, :s] = allowed
-    for i in range(extra):
-        out[t + i, s + i] = True
-    return list(ids) + [ids[-1]] * extra, list(pos) + [pos[-1]] * extra, out
 
 
 def reference_decode(model: Decoder, prompt: Sequence[int], max_new: int, params: SamplingParams,

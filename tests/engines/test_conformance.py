@@ -78,7 +78,7 @@ def engine_factory(request, tiny_export):
 
     def make():
         if kind == "torch":
-            return open_engine("torch", model, CAPACITY)
+            return open_engine("torch", model, CAPACITY, dtype="float32")  # compared across backends
         if kind == "onnx":
             return open_engine("onnx", export, CAPACITY)
         if kind == "onnx-window":

@@ -121,3 +121,16 @@ def test_restore_boundary_drops_the_branch(engine):
     assert eng.kv_len > before_kv
     d.restore_boundary(boundary)
     assert eng.kv_len == before_kv and d.tree.tokens == before_tree.tokens and d.tree.slot == before_tree.slot
+
+
+def test_proactive_branch_first_level_respects_the_budget(engine):
+    """b*'s children become D_{i+1}'s first level: pruned to the budget like every later level
+    (found by the bf16 exactness property test: edgellm with budget 1 sent a 2-node tree)."""
+    d = Drafter(engine(), TreeParams(depth=1, budget=1, topk=2, width=1))
+    d.start([3, 4, 5])
+    d.draft(1)
+    for _ in d.proactive_steps(0.1, width=1):
+        assert d.branch_node is not None or d.branch is None
+        if d.branch_node is not None:
+            under = [i for i in range(len(d.tree)) if d.branch_node in d.tree.path(i)[:-1]]
+            assert len(under) <= 1

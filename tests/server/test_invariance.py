@@ -12,34 +12,17 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
 import rapid.server.target as target_mod
-from rapid.modeling import Decoder, DecoderConfig
+from rapid.modeling import Decoder
 from rapid.sampling import SamplingParams
 from rapid.server.invariance import compare_batch, compare_tree, probe
 from rapid.server.main import choose_verify_mode
 from rapid.server.target import TargetSession, reference_decode
-
-# Qwen2.5-Coder-1.5B's shapes (the default target) with 2 of its 28 layers.
-DEFAULT_TARGET_SHAPES = DecoderConfig("qwen2", 151936, 1536, 2, 12, 2, 128, 8960, 1e-6, 1e6, True, False, False,
-                                      True, 32768, (151643,))
 
 
 @pytest.fixture(scope="module")
 def bf16_tiny(tiny_dir):
     path = tiny_dir("target32", seed=0)
     return Decoder.from_hf(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)).to(torch.bfloat16)
-
-
-@pytest.fixture(scope="module")
-def real_shapes():
-    torch.manual_seed(0)
-    with torch.device("meta"):
-        model = Decoder(DEFAULT_TARGET_SHAPES)
-    model = model.to_empty(device="cpu").to(torch.bfloat16)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.fill_(1.0) if "norm" in name else p.normal_(0.0, 0.02)
-    model.lm_head.weight = model.embed_tokens.weight
-    return model.eval().requires_grad_(False)
 
 
 @st.composite
@@ -66,20 +49,20 @@ def test_batched_sessions_keep_every_row_invariant_bf16(bf16_tiny, batch):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_default_target_layer_stack_is_invariant_in_bf16(real_shapes, threads):
+def test_default_target_layer_stack_is_invariant_in_bf16(real_shapes_bf16, threads):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        check = probe(real_shapes)
+        check = probe(real_shapes_bf16)
     finally:
         torch.set_num_threads(before)
     assert check.invariant and check.rows == 19, check
 
 
-def test_one_row_bf16_steps_would_break_it(real_shapes, monkeypatch):
+def test_one_row_bf16_steps_would_break_it(real_shapes_bf16, monkeypatch):
     """The guard is needed: with one-row steps (the M = 1 GEMV path) rows differ on this CPU."""
     monkeypatch.setattr(target_mod, "MIN_ROWS_HALF", 1)
-    check = probe(real_shapes)
+    check = probe(real_shapes_bf16)
     if check.invariant:
         pytest.skip("this CPU's bf16 GEMV rounds like its GEMM: the two-row guard is not needed here")
     assert check.max_abs_diff > 0

@@ -173,17 +173,10 @@ def test_reference_decode_stops_at_stop_token(model):
     assert reference_decode(model, prompt, 5, params) == free[:5]
 
 
-def test_tree_inputs_layout(model):
-    """[root] + nodes: positions from the depths; every row sees prefix + root + ancestors + itself."""
+def test_chain_job_layout(model):
+    """[root] + nodes: positions from the depths; one chain per root-to-leaf path."""
     session = TargetSession(model, [5, 6, 7, 8], SamplingParams())
-    parents = [-1, 0, -1, 1, 0]
-    ids, pos, allowed = session.tree_inputs([1, 2, 3, 4, 5], parents)
-    kv_len = session.kv.length  # 3: the prompt minus its last token (the root)
-    assert ids == [8, 1, 2, 3, 4, 5] and pos == [3, 4, 5, 4, 6, 5]
-    assert allowed.shape == (6, kv_len + 6)
-    ancestors = {0: [0], 1: [0, 1], 2: [2], 3: [0, 1, 3], 4: [0, 4]}
-    for row in range(6):
-        expect = set(range(kv_len + 1))  # prefix + root
-        if row:
-            expect |= {kv_len + 1 + a for a in ancestors[row - 1]}
-        assert set(np.flatnonzero(allowed[row]).tolist()) == expect
+    job = session.chain_job([1, 2, 3, 4, 5], [-1, 0, -1, 1, 0])
+    assert job.ids == [8, 1, 2, 3, 4, 5] and job.positions == [3, 4, 5, 4, 6, 5]
+    assert job.chains == [[0, 3], [0, 1, 2, 4], [0, 1, 5]]  # leaves 2, 3, 4 (rows 3, 4, 5)
+    assert job.kv is session.kv and session.kv.length == 3  # the prompt minus its last token (the root)

@@ -1,0 +1,25 @@
+"""Server-side fixtures: the default target's layer shapes with random bf16 weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rapid.modeling import Decoder, DecoderConfig
+
+# Qwen2.5-Coder-1.5B's shapes (the default target) with 2 of its 28 layers.
+DEFAULT_TARGET_SHAPES = DecoderConfig("qwen2", 151936, 1536, 2, 12, 2, 128, 8960, 1e-6, 1e6, True, False, False,
+                                      True, 32768, (151643,))
+
+
+@pytest.fixture(scope="session")
+def real_shapes_bf16():
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = Decoder(DEFAULT_TARGET_SHAPES)
+    model = model.to_empty(device="cpu").to(torch.bfloat16)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.fill_(1.0) if "norm" in name else p.normal_(0.0, 0.02)
+    model.lm_head.weight = model.embed_tokens.weight
+    return model.eval().requires_grad_(False)
