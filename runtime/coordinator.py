@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rapid.acceptance import finish
@@ -101,6 +101,9 @@ class Coordinator:
                        on_tokens: Callable[[list[int]], None] | None = None) -> Generation:
         d, p = self.drafter, self.policy
         stop_ids = d.stop_ids
+        if d.params.auto_budget:  # auto: the cap also fits the draft's context
+            room = (d.engine.info.capacity - len(prompt) - max_new - 32) // 4
+            d.params = replace(d.params, budget=max(1, min(d.params.budget, room)))
         need = len(prompt) + max_new + 4 * d.params.budget + 32
         if need > d.engine.info.capacity:
             raise ContextFullError(f"prompt ({len(prompt)}) + max tokens ({max_new}) + tree slots need a draft "

@@ -70,3 +70,16 @@ def test_auto_budget_trees_follow_the_clouds_flat_size(tiny_pair):
         server.close()
     assert gen.tokens == reference_decode(target, list(b"flat curve"), 24, SamplingParams(), (EOS_ID,))
     assert max(r.tree_nodes for r in gen.records) == 7
+
+
+def test_auto_budget_fits_a_small_draft_context(tiny_pair):
+    target, drafts = tiny_pair
+    server = BackgroundServer(VerifierServer(target, flat_nodes=7))
+    try:
+        coord = assemble(TorchEngine(drafts["same"], capacity=64), tree_params(4, "auto", 2, 2), (EOS_ID,),
+                         server.url, "rapid", CoordinatorConfig(depth=4))
+        gen = asyncio.run(coord.generate(list(b"0123456789"), 8, SamplingParams()))
+    finally:
+        server.close()
+    assert gen.tokens == reference_decode(target, list(b"0123456789"), 8, SamplingParams(), (EOS_ID,))
+    assert max(r.tree_nodes for r in gen.records) <= 3  # (64 - 10 - 8 - 32) // 4
