@@ -59,27 +59,23 @@ def test_budget_argument():
     assert tree_params(4, 6, 2, 2).for_cloud(64, 20).budget == 6  # an explicit budget is kept
 
 
-def test_auto_budget_trees_follow_the_clouds_flat_size(tiny_pair):
+def _auto_run(tiny_pair, capacity: int, prompt: list[int], max_new: int):
+    """One `rapid` generation with --budget auto against a cloud that reports 7 flat nodes."""
     target, drafts = tiny_pair
     server = BackgroundServer(VerifierServer(target, flat_nodes=7))
     try:
-        coord = assemble(TorchEngine(drafts["same"], capacity=512), tree_params(4, "auto", 2, 2), (EOS_ID,),
+        coord = assemble(TorchEngine(drafts["same"], capacity=capacity), tree_params(4, "auto", 2, 2), (EOS_ID,),
                          server.url, "rapid", CoordinatorConfig(depth=4))
-        gen = asyncio.run(coord.generate(list(b"flat curve"), 24, SamplingParams()))
+        gen = asyncio.run(coord.generate(prompt, max_new, SamplingParams()))
     finally:
         server.close()
-    assert gen.tokens == reference_decode(target, list(b"flat curve"), 24, SamplingParams(), (EOS_ID,))
-    assert max(r.tree_nodes for r in gen.records) == 7
+    assert gen.tokens == reference_decode(target, prompt, max_new, SamplingParams(), (EOS_ID,))
+    return max(r.tree_nodes for r in gen.records)
+
+
+def test_auto_budget_trees_follow_the_clouds_flat_size(tiny_pair):
+    assert _auto_run(tiny_pair, 512, list(b"flat curve"), 24) == 7
 
 
 def test_auto_budget_fits_a_small_draft_context(tiny_pair):
-    target, drafts = tiny_pair
-    server = BackgroundServer(VerifierServer(target, flat_nodes=7))
-    try:
-        coord = assemble(TorchEngine(drafts["same"], capacity=64), tree_params(4, "auto", 2, 2), (EOS_ID,),
-                         server.url, "rapid", CoordinatorConfig(depth=4))
-        gen = asyncio.run(coord.generate(list(b"0123456789"), 8, SamplingParams()))
-    finally:
-        server.close()
-    assert gen.tokens == reference_decode(target, list(b"0123456789"), 8, SamplingParams(), (EOS_ID,))
-    assert max(r.tree_nodes for r in gen.records) <= 3  # (64 - 10 - 8 - 32) // 4
+    assert _auto_run(tiny_pair, 64, list(b"0123456789"), 8) <= 3  # (64 - 10 - 8 - 32) // 4
