@@ -21,10 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from rapid.acceptance import Verdict
-from rapid.geometry import ROOT
 from rapid.modeling import Decoder
 from rapid.sampling import SamplingParams
-from rapid.server.chains import forward_chains
+from rapid.server.chains import forward_chains, leaf_chains
 from rapid.server.target import TargetSession
 
 
@@ -41,14 +40,6 @@ class RowCheck:
     def merge(self, other: RowCheck) -> RowCheck:
         return RowCheck(self.rows + other.rows, self.differing + other.differing,
                         max(self.max_abs_diff, other.max_abs_diff))
-
-
-def _path(parents: Sequence[int], j: int) -> list[int]:
-    out = []
-    while j != ROOT:
-        out.append(j)
-        j = parents[j]
-    return out[::-1]
 
 
 def step_logits(model: Decoder, prompt: Sequence[int], forced: Sequence[int]) -> list[np.ndarray]:
@@ -74,13 +65,10 @@ def expected_rows(model: Decoder, prompt: Sequence[int], tokens: Sequence[int],
                   parents: Sequence[int]) -> list[np.ndarray]:
     """The one-token-step logits every row of the tree must reproduce (one decode per leaf)."""
     want: list[np.ndarray | None] = [None] * (1 + len(tokens))
-    leaves = [j for j in range(len(tokens)) if j not in set(parents)] or [ROOT]
-    for leaf in leaves:
-        path = [] if leaf == ROOT else _path(parents, leaf)
-        rows = step_logits(model, prompt, [tokens[j] for j in path])
-        want[0] = rows[0]
-        for k, j in enumerate(path):
-            want[1 + j] = rows[1 + k]
+    for chain in leaf_chains(parents):  # tree rows: 0 = root, 1 + j = node j
+        steps = step_logits(model, prompt, [tokens[r - 1] for r in chain[1:]])
+        for r, logits in zip(chain, steps, strict=True):
+            want[r] = logits
     return want  # type: ignore[return-value]
 
 

@@ -8,6 +8,7 @@ import signal
 
 from rapid.auth import load_token, server_ssl_context
 from rapid.server.app import VerifierServer, serve_forever
+from rapid.server.invariance import probe
 from rapid.server.sessions import Limits
 from rapid.server.verify_curve import FLAT_TOLERANCE, curve_line, flat_nodes, measure_curve
 
@@ -33,8 +34,6 @@ def choose_verify_mode(model, requested: str = "auto") -> str:
     """``tree`` when every row of a tree forward is bitwise a one-token step (measured on the
     loaded model, ``rapid.server.invariance.probe``), else ``sequential``; explicit modes are
     kept (``tree`` on a non-invariant target is logged: outputs may then differ at near-ties)."""
-    from rapid.server.invariance import probe
-
     if requested == "sequential":
         return requested
     check = probe(model)

@@ -1,27 +1,26 @@
-"""The PyTorch target: per-session KV, one forward per tree, sample-then-match, compaction.
+"""The PyTorch target: per-session KV, one batched forward per tree, sample-then-match.
 
 A session holds the committed tokens ``x[0:n]`` and the target KV of ``x[0:n-1]``; the last
-committed token is the tree root and is fed with every tree. Verifying a tree of N nodes is one
-forward of T = 1 + N tokens:
+committed token is the tree root and is fed with every tree. A tree of N nodes has 1 + N rows
 
     ids       [root, node_0 … node_{N-1}]
     positions [n-1,  n-1 + depth_j …]
-    allowed   row 0: prefix + itself; row 1+j: prefix + root + ancestors of j + itself
 
-then ``pick`` every row, ``accept`` (``rapid.acceptance``), keep the KV of the root and the
-accepted path (compaction), and append path tokens + bonus. An empty tree is one step of plain
-autoregressive decoding, which is what ``reference_decode`` (the target alone) runs.
+computed as its root-to-leaf chains (``rapid.server.chains``: each chain a causal batch row over
+the session's KV, so every row is bitwise the one-token step of its prefix). Then ``pick`` every
+row, ``accept`` (``rapid.acceptance``), ``commit`` the KV of the root and the accepted path, and
+append path tokens + bonus. An empty tree is one step of plain autoregressive decoding, which is
+what ``reference_decode`` (the target alone) runs.
 
-Exactness needs every row of a tree forward to be *bitwise* the logits of a one-token forward
-of the same prefix (batch invariance). ``rapid.server.invariance`` measures whether the loaded
-target has it; a session then verifies in one of two modes:
+That equality also needs M-invariant GEMMs, which ``rapid.server.invariance`` measures on the
+loaded target; a session verifies in one of two modes:
 
-- ``tree``: one forward of ``[root] + nodes``. In half precision every forward computes at least
+- ``tree``: one forward per tree. In half precision every chain computes at least
   ``MIN_ROWS_HALF`` = 2 rows (a one-token step gets a masked dummy row): on x86 CPUs the M = 1
   (GEMV) path of bf16 ``F.linear`` rounds differently from M ≥ 2, which are row-invariant.
-- ``sequential``: the fallback where the tree forward is not invariant (fp32 on MKL): walk the
-  tree one one-token forward per accepted level. Each forward is exactly a target-alone step,
-  so the output is identical by construction; it saves round trips, not target time.
+- ``sequential``: the fallback where rows are not invariant (fp32 on MKL): walk the tree one
+  one-token forward per accepted level. Each forward is exactly a target-alone step, so the
+  output is identical by construction; it saves round trips, not target time.
 """
 
 from __future__ import annotations
