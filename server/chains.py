@@ -19,6 +19,14 @@ A node on several paths is computed once per chain, identically; its logits are 
 first. Several sessions batch the same way (their chains are more batch rows). Nothing is
 written into a session's KV during the forward: ``commit`` copies the accepted chain's new
 keys/values (root + path) afterwards, so a failed forward changes nothing.
+
+Every forward attends at least ``MIN_KEYS`` keys (masked zeros past a row's own). ATen picks the
+kernel of a bf16 ``bmm`` by size: a naive loop below ``k·m·n`` = 400, oneDNN above ``b·m·k·n`` =
+4096 (b = rows × heads), per-matrix BLAS between. The paths round differently on rare values
+(measured: a tiny model's PV product hit an fp32 tie that oneDNN rounded down and BLAS up), so a
+session's rows changed when another session joined its batch and pushed b over 4096. With
+m ≥ 2 (``min_rows``) and S ≥ ``MIN_KEYS`` = 64, ``b·m·k·n`` ≥ 2·64·heads·head_dim > 4096 for any
+model with heads·head_dim ≥ 64: one path, whatever the batch.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ import torch
 
 from rapid.kvcache import StaticKV
 from rapid.modeling import Decoder, additive_mask
+
+MIN_KEYS = 64  # fewest keys every row's attention spans (see the module docstring)
 
 
 def leaf_chains(parents: Sequence[int]) -> list[list[int]]:
@@ -63,7 +73,7 @@ class ChainKV:
     def __init__(self, prefixes: Sequence[StaticKV], width: int) -> None:
         self.prefixes = list(prefixes)  # [R] the session KV each batch row extends
         self.past = [kv.length for kv in self.prefixes]
-        self.s = max(self.past) + width
+        self.s = max(MIN_KEYS, max(self.past) + width)
         self.new_k: list[torch.Tensor] = []
         self.new_v: list[torch.Tensor] = []
 

@@ -15,9 +15,12 @@ what ``reference_decode`` (the target alone) runs.
 That equality also needs M-invariant GEMMs, which ``rapid.server.invariance`` measures on the
 loaded target; a session verifies in one of two modes:
 
-- ``tree``: one forward per tree. In half precision every chain computes at least
-  ``MIN_ROWS_HALF`` = 2 rows (a one-token step gets a masked dummy row): on x86 CPUs the M = 1
-  (GEMV) path of bf16 ``F.linear`` rounds differently from M ≥ 2, which are row-invariant.
+- ``tree``: one forward per tree. In half precision every chain computes at least ``min_rows``
+  rows (a one-token step gets masked dummy rows) so that every ``F.linear`` of every forward
+  takes one kernel: on x86 CPUs the M = 1 (GEMV) path of bf16 ``F.linear`` rounds differently
+  from M ≥ 2, and ATen hands a bf16 GEMM to oneDNN only above M·in·out = 4096 (BLAS below),
+  which rounds differently on rare ties (measured on a tiny model's 64→32 ``v_proj``: M = 2 and
+  M = 3 differed in one output). For real models (in·out ≥ 2¹⁶) that is 2 rows.
 - ``sequential``: the fallback where rows are not invariant (fp32 on MKL): walk the tree one
   one-token forward per accepted level. Each forward is exactly a target-alone step, so the
   output is identical by construction; it saves round trips, not target time.
@@ -48,13 +51,21 @@ class PromptTooLongError(BadTreeError):
     """The prompt does not fit the session's context."""
 
 
-MIN_ROWS_HALF = 2  # fewest rows of a bf16/fp16 forward (see the module docstring)
+MIN_ROWS_HALF = 2  # fewest rows of a bf16/fp16 forward: never the M = 1 GEMV path
+ONEDNN_MIN_WORK = 4096  # ATen's oneDNN bf16 GEMM threshold on M·in·out (16³, mkldnn_gemm_min_size)
 VERIFY_MODES = ("tree", "sequential")
 
 
-def min_rows(dtype: torch.dtype) -> int:
-    """Rows a forward of this dtype computes at least: 2 in half precision, else 1."""
-    return MIN_ROWS_HALF if dtype in (torch.bfloat16, torch.float16) else 1
+def min_rows(model: Decoder) -> int:
+    """Rows every forward of ``model`` computes at least (see the module docstring).
+
+    half precision:  max(MIN_ROWS_HALF, ⌊4096 / min(in·out over every nn.Linear)⌋ + 1)
+    otherwise:       1
+    """
+    if model.dtype not in (torch.bfloat16, torch.float16):
+        return 1
+    smallest = min(m.in_features * m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear))
+    return max(MIN_ROWS_HALF, ONEDNN_MIN_WORK // smallest + 1)
 
 
 class TargetSession:
@@ -73,7 +84,7 @@ class TargetSession:
             raise BadTreeError(f"prompt has token ids outside [0, {vocab})")
         self.model = model
         self.mode = mode
-        self.min_rows = min_rows(model.dtype)
+        self.min_rows = min_rows(model)
         self.params = params
         self.max_nodes = max_nodes
         self.device = model.embed_tokens.weight.device  # the target may live on a GPU

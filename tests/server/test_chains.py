@@ -10,7 +10,7 @@ import torch
 from rapid.acceptance import Verdict
 from rapid.kvcache import StaticKV
 from rapid.sampling import SamplingParams
-from rapid.server.chains import commit, forward_chains, leaf_chains
+from rapid.server.chains import MIN_KEYS, commit, forward_chains, leaf_chains
 from rapid.server.invariance import compare_tree
 from rapid.server.target import TargetSession
 
@@ -65,8 +65,15 @@ def test_the_holes_tree_is_bitwise_in_bf16(real_shapes_bf16):
 def test_chain_batch_rows_are_padded_at_the_end(tiny_pair):
     target, _ = tiny_pair
     a = TargetSession(target, [1, 2, 3], SamplingParams())
-    b = TargetSession(target, list(range(1, 30)), SamplingParams())
+    b = TargetSession(target, list(range(1, 100)), SamplingParams())
     results = forward_chains(target, [a.chain_job([4], [-1]), b.chain_job([5, 6, 7], [-1, 0, 0])], 1)
     assert results[0].chain_rows == [0] and results[1].chain_rows == [1, 2]
     kv = results[0].kv
     assert kv.past == [a.kv.length, b.kv.length, b.kv.length] and kv.s == b.kv.length + 3
+
+
+def test_short_batches_still_span_min_keys(tiny_pair):
+    """However short the prefixes, every row's attention spans MIN_KEYS keys (one bmm kernel)."""
+    target, _ = tiny_pair
+    a = TargetSession(target, [1, 2, 3], SamplingParams())
+    assert forward_chains(target, [a.chain_job([4], [-1])], 1)[0].kv.s == MIN_KEYS
