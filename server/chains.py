@@ -1,4 +1,5 @@
-"""Tree verification as root-to-leaf chains: every row bitwise a one-token step.
+"""Tree verification as root-to-leaf chains: every row bitwise a one-token step, every node
+computed once.
 
 A tree forward with an ancestor mask leaves *holes* in a row's keys: node 5 of
 ``parents = [-1, 0, 0, 1, 2, 3]`` sees the prefix, the root and nodes 0, 1, 3 but not 2 and 4,
@@ -8,31 +9,35 @@ sum and the ``probs @ V`` reduction group them (vector lanes, K-blocks), so the 
 differently: measured on the bf16 1.5B target, 2 of 7 rows of that tree differed by up to 0.19
 in the logits and a HumanEval output changed at token 46.
 
-So each root-to-leaf path is verified as its own *chain*, one batch row of a batched forward:
+So the *attention* of each root-to-leaf path runs as its own *chain*, one batch row:
 
-    batch row b = chain b = [root, a_1, …, leaf_b]        keys: session prefix ‖ chain rows
-    row i of chain b sees  prefix ‖ root, a_1 … a_i       (causal: only trailing masked keys)
+    chain c = [root, a_1, …, leaf_c]           keys: session prefix ‖ the chain's rows
+    row i of chain c sees  prefix ‖ root, a_1 … a_i       (causal: only trailing masked keys)
 
-exactly the layout of a one-token step after ``root, a_1 … a_{i-1}`` were committed, so every
-row is the step's row (given M-invariant GEMMs, which ``rapid.server.invariance`` measures).
-A node on several paths is computed once per chain, identically; its logits are read from the
-first. Several sessions batch the same way (their chains are more batch rows). Nothing is
-written into a session's KV during the forward: ``commit`` copies the accepted chain's new
-keys/values (root + path) afterwards, so a failed forward changes nothing.
+exactly the layout of a one-token step after ``root, a_1 … a_{i-1}`` were committed. Everything
+else (embeddings, norms, projections, MLP, LM head) is per row, so it runs once per *unique*
+tree row: the forward's hidden states are ``[1, U, hidden]`` (U = every job's 1 + N rows back
+to back), and ``ChainBatch`` gathers q/k/v into the chain layout ``[C, H, L, d]`` for attention
+and scatters each row's output back from its first chain (any chain holding the row computes it
+identically). A bushy tree therefore costs 1 + N projection rows, not C × L. Several sessions
+batch the same way. Nothing is written into a session's KV during the forward: ``commit`` copies
+the accepted rows' keys/values afterwards, so a failed forward changes nothing.
 
-Every forward attends at least ``MIN_KEYS`` keys (masked zeros past a row's own). ATen picks the
-kernel of a bf16 ``bmm`` by size: a naive loop below ``k·m·n`` = 400, oneDNN above ``b·m·k·n`` =
-4096 (b = rows × heads), per-matrix BLAS between. The paths round differently on rare values
-(measured: a tiny model's PV product hit an fp32 tie that oneDNN rounded down and BLAS up), so a
-session's rows changed when another session joined its batch and pushed b over 4096. With
-m ≥ 2 (``min_rows``) and S ≥ ``MIN_KEYS`` = 64, ``b·m·k·n`` ≥ 2·64·heads·head_dim > 4096 for any
-model with heads·head_dim ≥ 64: one path, whatever the batch.
+Every row is then the step's row given M-invariant GEMMs, which ``rapid.server.invariance``
+measures. Every forward computes at least ``min_rows`` unique rows and chain slots, and attends
+at least ``MIN_KEYS`` keys (masked zeros past a row's own): ATen picks the kernel of a bf16
+``bmm`` by size (a naive loop below ``k·m·n`` = 400, oneDNN above ``b·m·k·n`` = 4096 with b =
+chains × heads, per-matrix BLAS between), and the paths round differently on rare values
+(measured: a tiny model's PV product hit an fp32 tie that oneDNN rounded down and BLAS up, so a
+session's rows changed when another session joined its batch). With m ≥ 2 and S ≥ 64,
+``b·m·k·n`` ≥ 128·heads·head_dim > 4096 for any model with heads·head_dim > 32: one path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -66,29 +71,44 @@ class ChainJob:
     chains: list[list[int]]  # [C][L_c] tree rows per chain
 
 
-class ChainKV:
-    """``KVStore`` for a chain batch: row b attends ``prefix_b ‖ its own new entries``; the new
-    entries of every layer are kept (``new_k[layer]`` ``[R, KVH, L, d]``) for ``commit``."""
+class ChainBatch:
+    """``KVStore`` and ``RowLayout`` of one chain forward over U unique rows and C chains of L
+    slots: chain c attends ``prefix_c ‖ its slots``; the new entries of every layer are kept
+    (``new_k[layer]`` ``[1, KVH, U, d]``) for ``commit``."""
 
-    def __init__(self, prefixes: Sequence[StaticKV], width: int) -> None:
-        self.prefixes = list(prefixes)  # [R] the session KV each batch row extends
-        self.past = [kv.length for kv in self.prefixes]
-        self.s = max(MIN_KEYS, max(self.past) + width)
+    def __init__(self, prefixes: Sequence[StaticKV], slots: Sequence[Sequence[int]], first: Sequence[int],
+                 device: torch.device) -> None:
+        self.prefixes = list(prefixes)  # [C] the session KV each chain extends
+        self.past = [kv.length for kv in self.prefixes]  # [C]
+        self.slots = torch.as_tensor(slots, dtype=torch.long, device=device)  # [C, L] unique row per slot
+        self.first = torch.as_tensor(first, dtype=torch.long, device=device)  # [U] flat slot c·L + i read back
+        self.s = max(MIN_KEYS, max(self.past) + self.slots.shape[1])
         self.new_k: list[torch.Tensor] = []
         self.new_v: list[torch.Tensor] = []
 
+    def gather(self, t: torch.Tensor) -> torch.Tensor:
+        """``[1, H, U, d]`` unique rows → ``[C, H, L, d]`` chain slots (contiguous)."""
+        chains, width = self.slots.shape
+        return t[0][:, self.slots.flatten()].view(t.shape[1], chains, width, t.shape[3]).transpose(0, 1).contiguous()
+
+    def scatter(self, t: torch.Tensor) -> torch.Tensor:
+        """``[C, H, L, d]`` chain slots → ``[1, H, U, d]``, each row from its first chain."""
+        chains, heads, width, d = t.shape
+        return t.transpose(0, 1).reshape(heads, chains * width, d)[:, self.first][None]
+
     def attend_kv(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
-        r, h, t, d = k_new.shape
         self.new_k.append(k_new)
         self.new_v.append(v_new)
-        k_out = k_new.new_zeros((r, h, self.s, d))
-        v_out = v_new.new_zeros((r, h, self.s, d))
+        k_c, v_c = self.gather(k_new), self.gather(v_new)  # [C, KVH, L, d]
+        c, h, t, d = k_c.shape
+        k_out = k_c.new_zeros((c, h, self.s, d))
+        v_out = v_c.new_zeros((c, h, self.s, d))
         for b, kv in enumerate(self.prefixes):
             p = self.past[b]
             k_out[b, :, :p] = kv.k[layer, :, :p]
             v_out[b, :, :p] = kv.v[layer, :, :p]
-            k_out[b, :, p:p + t] = k_new[b]
-            v_out[b, :, p:p + t] = v_new[b]
+            k_out[b, :, p:p + t] = k_c[b]
+            v_out[b, :, p:p + t] = v_c[b]
         return k_out, v_out
 
 
@@ -96,58 +116,61 @@ class ChainKV:
 class ChainResult:
     logits: torch.Tensor | None  # [1+N, V] tree rows, model dtype (None: not projected)
     positions: list[int]  # [1+N]
-    kv: ChainKV  # the batch's new entries
-    chain_rows: list[int]  # [C] batch row of each of this job's chains
-    chains: list[list[int]]
+    kv: ChainBatch  # the batch's new entries
+    offset: int  # this job's first unique row in the batch
+    chains: list[list[int]]  # [C][L_c] this job's tree rows per chain
+
+
+def _layout(jobs: Sequence[ChainJob], min_rows: int) -> tuple[list[int], list[tuple[int, list[int]]], int, int]:
+    """Job offsets ``[J+1]``, (job, unique rows) per chain, slots per chain L, unique rows U."""
+    offsets = list(accumulate((len(job.ids) for job in jobs), initial=0))
+    chains = [(j, [offsets[j] + r for r in chain]) for j, job in enumerate(jobs) for chain in job.chains]
+    width = max(max(len(c) for _, c in chains), min_rows)
+    return offsets, chains, width, max(offsets[-1], min_rows)
 
 
 def forward_chains(model: Decoder, jobs: Sequence[ChainJob], min_rows: int,
                    logits: bool = True) -> list[ChainResult]:
-    """One batched forward over every chain of every job (see the module docstring); every
-    forward computes at least ``min_rows`` rows per chain. ``logits=False`` (a prefill) skips
-    the LM head."""
-    rows = [(j, c) for j, job in enumerate(jobs) for c in range(len(job.chains))]
-    width = max(max(len(jobs[j].chains[c]) for j, c in rows), min_rows)
-    kv = ChainKV([jobs[j].kv for j, _ in rows], width)
+    """One forward over every tree row of every job, attention per chain (see the module
+    docstring); at least ``min_rows`` unique rows and chain slots. ``logits=False`` (a prefill)
+    skips the LM head."""
+    offsets, chains, width, n_rows = _layout(jobs, min_rows)
+    slots = [c + [c[-1]] * (width - len(c)) for _, c in chains]  # padding slots repeat the leaf
+    first = [0] * n_rows  # dummy rows (beyond every job's rows) read slot 0: unused
+    for b in reversed(range(len(chains))):  # the first chain holding a row wins
+        for i, u in enumerate(chains[b][1]):
+            first[u] = b * width + i
     dev = jobs[0].kv.k.device
-    ids = torch.zeros((len(rows), width), dtype=torch.long)
-    pos = torch.zeros((len(rows), width), dtype=torch.long)
-    allowed = torch.zeros((len(rows), width, kv.s), dtype=torch.bool)
+    batch = ChainBatch([jobs[j].kv for j, _ in chains], slots, first, dev)
+    ids = [t for job in jobs for t in job.ids]
+    pos = [p for job in jobs for p in job.positions]
+    ids += [ids[-1]] * (n_rows - len(ids))  # dummy rows (min_rows)
+    pos += [pos[-1]] * (n_rows - len(pos))
+    allowed = torch.zeros((len(chains), width, batch.s), dtype=torch.bool)
     causal = torch.tril(torch.ones((width, width), dtype=torch.bool))
-    for b, (j, c) in enumerate(rows):
-        chain, p = jobs[j].chains[c], kv.past[b]
-        ids[b, : len(chain)] = torch.as_tensor([jobs[j].ids[r] for r in chain])
-        pos[b, : len(chain)] = torch.as_tensor([jobs[j].positions[r] for r in chain])
-        pos[b, len(chain):] = pos[b, len(chain) - 1]  # padding rows: their output is unused
+    for b, p in enumerate(batch.past):
         allowed[b, :, :p] = True
-        allowed[b, :, p:p + width] = causal  # padding rows come last: no real row sees them
-    mask = additive_mask(allowed.to(dev), model.dtype)[0, 0][:, None]  # [R, 1, L, S]
+        allowed[b, :, p:p + width] = causal  # padding slots come last: no real row sees them
+    mask = additive_mask(allowed.to(dev), model.dtype)[0, 0][:, None]  # [C, 1, L, S]
     skip = None if logits else torch.zeros(0, dtype=torch.long, device=dev)
     with torch.inference_mode():
-        out_logits = model(ids.to(dev), pos.to(dev), mask, kv, skip)  # [R, L, V]
-    out, first = [], 0
-    for job in jobs:
-        where = {}
-        for c, chain in enumerate(job.chains):
-            for i, r in enumerate(chain):
-                where.setdefault(r, (first + c, i))
-        order = [where[r] for r in range(len(job.ids))]
-        rows_logits = out_logits[[b for b, _ in order], [i for _, i in order]] if logits else None
-        out.append(ChainResult(rows_logits, job.positions, kv, list(range(first, first + len(job.chains))),
-                               job.chains))
-        first += len(job.chains)
-    return out
+        out = model(torch.as_tensor([ids], device=dev), torch.as_tensor([pos], device=dev), mask, batch, skip,
+                    layout=batch)  # [1, U, V]
+    return [ChainResult(out[0, offsets[j]:offsets[j + 1]] if logits else None, job.positions, batch,
+                        offsets[j], job.chains) for j, job in enumerate(jobs)]
 
 
 def commit(result: ChainResult, target: StaticKV, path_rows: Sequence[int]) -> None:
     """Append the KV of tree rows ``path_rows`` (root first, then the accepted path: a prefix of
     some chain) from ``result`` to ``target``."""
     n = len(path_rows)
-    c = next(i for i, ch in enumerate(result.chains) if ch[:n] == list(path_rows))
-    b, p = result.chain_rows[c], target.length
+    if not any(ch[:n] == list(path_rows) for ch in result.chains):
+        raise ValueError(f"commit: rows {list(path_rows)} are not a root path of this tree")
+    p = target.length
     if p + n > target.capacity:
         raise ValueError(f"commit: {n} entries from {p} exceed capacity {target.capacity}")
+    rows = torch.as_tensor([result.offset + r for r in path_rows], device=result.kv.slots.device)
     for layer, (k, v) in enumerate(zip(result.kv.new_k, result.kv.new_v, strict=True)):
-        target.k[layer, :, p:p + n] = k[b, :, :n]
-        target.v[layer, :, p:p + n] = v[b, :, :n]
+        target.k[layer, :, p:p + n] = k[0][:, rows]
+        target.v[layer, :, p:p + n] = v[0][:, rows]
     target.length = p + n

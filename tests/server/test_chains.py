@@ -49,7 +49,7 @@ def test_commit_appends_root_and_path_and_a_failed_lookup_changes_nothing(tiny_p
     assert s.tokens == [1, 2, 3, 4, 8, 7, 5] and s.kv.length == before[0] + 3
     step = TargetSession(target, s.tokens, SamplingParams())  # the same sequence, prefilled
     assert torch.allclose(s.kv.k[:, :, : s.kv.length], step.kv.k[:, :, : s.kv.length], atol=1e-12)
-    with pytest.raises(StopIteration):  # a path that is on no chain
+    with pytest.raises(ValueError, match="not a root path"):  # a path that is on no chain
         commit(result, StaticKV.for_config(target.config, 32, target.dtype), [0, 1, 3])
 
 
@@ -67,8 +67,10 @@ def test_chain_batch_rows_are_padded_at_the_end(tiny_pair):
     a = TargetSession(target, [1, 2, 3], SamplingParams())
     b = TargetSession(target, list(range(1, 100)), SamplingParams())
     results = forward_chains(target, [a.chain_job([4], [-1]), b.chain_job([5, 6, 7], [-1, 0, 0])], 1)
-    assert results[0].chain_rows == [0] and results[1].chain_rows == [1, 2]
+    assert results[0].offset == 0 and results[1].offset == 2  # unique rows: a's root + 1 node, then b's
     kv = results[0].kv
+    assert kv.slots.tolist() == [[0, 1, 1], [2, 3, 4], [2, 3, 5]]  # a's chain (padded), b's two chains
+    assert kv.first.tolist() == [0, 1, 3, 4, 5, 8]  # each row read back from its first chain (flat c·L + i)
     assert kv.past == [a.kv.length, b.kv.length, b.kv.length] and kv.s == b.kv.length + 3
 
 
