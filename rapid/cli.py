@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto = bfloat16 where the CPU/GPU computes it natively, else float32")
     s.add_argument("--verify", default="auto", choices=["auto", "tree", "sequential"],
                    help="auto = one forward per tree where measured batch-invariant, else sequential (exact)")
+    s.add_argument("--device", default="auto", help="auto|cpu|cuda|cuda:N (auto = the first CUDA device, else the CPU)")
     s.add_argument("--max-sessions", type=int, default=16)
     s.add_argument("--max-context", type=int, default=4096)
     s.add_argument("--max-nodes", type=int, default=64)
@@ -135,7 +136,8 @@ def _dispatch(args) -> int:
         return run_serve(args.target, args.host, args.port, args.threads, args.dtype, args.max_sessions,
                          args.max_context, args.max_nodes, token_file=args.token_file, cert=args.cert,
                          key=args.key, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
-                         idle_timeout=args.idle_timeout, grace=args.grace, verify=args.verify)
+                         idle_timeout=args.idle_timeout, grace=args.grace, verify=args.verify,
+                         device=args.device)
     if args.cmd == "generate":
         from rapid.runtime.generate import run_generate
 

@@ -11,11 +11,17 @@ Round i:
 
 The cloud's acceptance rule is untouched, so the emitted tokens equal target-only decoding
 whatever the policy, the timing or the interruptions.
+
+Drafting runs on worker threads, which asyncio cannot cancel. Every worker is tracked; however a
+generation ends (verdict, error, cancellation, a caller's abort) it sets the halt flag, which
+workers read after every complete step (no step starts after it), and waits for them, so the
+engine is idle before the caller hands it to the next request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -31,7 +37,7 @@ from rapid.runtime.policies import Policy, get_policy
 from rapid.runtime.telemetry import RoundRecord, Summary, summarize
 from rapid.runtime.tree import TreeParams
 from rapid.sampling import SamplingParams
-from rapid.wire import Hello
+from rapid.wire import Hello, Ready
 
 
 @dataclass(slots=True)
@@ -50,6 +56,10 @@ class CoordinatorConfig:
     step_delay_s: float = 0.0  # injected per-step delay (tests, contention experiments)
 
 
+class _Halted(Exception):
+    """Raised in a worker thread at a step boundary once the generation has ended."""
+
+
 class Coordinator:
     def __init__(self, drafter: Drafter, link: CloudLink, policy: Policy,
                  config: CoordinatorConfig | None = None, clock: Callable[[], float] = time.perf_counter,
@@ -64,8 +74,12 @@ class Coordinator:
         # a caller-owned controller (see controller_for) carries the device's latency baseline
         # across generations; generate() resets only its logical path
         self.controller = controller if controller is not None else controller_for(policy, self.cfg)
+        self._halt = threading.Event()  # set when a generation ends: workers stop at the next step
+        self._workers: set[asyncio.Future] = set()
 
     def _after_step(self, rec, phase: str, k: int) -> None:
+        if self._halt.is_set():
+            raise _Halted
         self.controller.observe_step(rec.seconds, rec.tokens)
         if self.cfg.step_delay_s:
             time.sleep(self.cfg.step_delay_s)
@@ -89,7 +103,10 @@ class Coordinator:
         width = 1 if self.policy.chain_branch else None
         for rec in self.drafter.proactive_steps(self.cfg.decay, width):
             steps += 1
-            self._after_step(rec, "branch", steps)
+            try:
+                self._after_step(rec, "branch", steps)
+            except _Halted:
+                return steps, steps
             # t2: the step is complete (ready() is the CUDA event on GPU backends) → read the flag
             if self.policy.interruptible and self.link.feedback.is_set():
                 return steps, steps
@@ -97,10 +114,33 @@ class Coordinator:
                 break
         return steps, None
 
-    async def generate(self, prompt: Sequence[int], max_new: int, sampling: SamplingParams,
-                       on_tokens: Callable[[list[int]], None] | None = None) -> Generation:
-        d, p = self.drafter, self.policy
-        stop_ids = d.stop_ids
+    def _spawn(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+        """Run ``fn`` on a worker thread, tracked until it returns (see the module docstring)."""
+        fut = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+        self._workers.add(fut)
+        fut.add_done_callback(self._settled)
+        return fut
+
+    def _settled(self, fut: asyncio.Future) -> None:
+        self._workers.discard(fut)
+        if not fut.cancelled():
+            fut.exception()  # retrieved: a halted worker's _Halted is expected, others re-raise at the await
+
+    async def _drain(self) -> None:
+        """Halt every worker at its next step boundary and wait for it, even when cancelled."""
+        self._halt.set()
+        cancelled = False
+        while self._workers:
+            try:
+                await asyncio.wait(set(self._workers))
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
+
+    def _check_room(self, prompt: Sequence[int], max_new: int) -> None:
+        """The request must fit the draft's context (tree slots included) before anything starts."""
+        d = self.drafter
         if d.params.auto_budget:  # auto: the cap also fits the draft's context
             room = (d.engine.info.capacity - len(prompt) - max_new - 32) // 4
             d.params = replace(d.params, budget=max(1, min(d.params.budget, room)))
@@ -108,14 +148,46 @@ class Coordinator:
         if need > d.engine.info.capacity:
             raise ContextFullError(f"prompt ({len(prompt)}) + max tokens ({max_new}) + tree slots need a draft "
                                    f"context of {need}, the engine has {d.engine.info.capacity}")
-        t_begin = self.clock()
-        ready = await self.link.open(Hello(list(prompt), sampling.temperature, sampling.top_p, sampling.top_k,
-                                           sampling.seed, max_nodes=d.params.budget))
+
+    def _check_cloud(self, ready: Ready, prompt: Sequence[int], max_new: int) -> None:
+        """The cloud's limits from ``Ready``: the tree budget, and its context. The last round
+        commits prompt + max_new - 1 tokens before its tree, so the cloud (prefix KV, root,
+        nodes, bonus) needs ``len(prompt) + max_new + budget`` slots."""
+        d = self.drafter
         d.params = d.params.for_cloud(ready.max_nodes, ready.flat_nodes)
-        if p.drafting and ready.max_nodes < d.params.budget:
-            await self.link.close()
+        if self.policy.drafting and ready.max_nodes < d.params.budget:
             raise CloudError("limits", f"tree budget {d.params.budget} exceeds the cloud's limit of "
                                        f"{ready.max_nodes} nodes per tree; lower --budget")
+        need = len(prompt) + max_new + (d.params.budget if self.policy.drafting else 0)
+        if need > ready.capacity:
+            raise ContextFullError(f"prompt ({len(prompt)}) + max tokens ({max_new}) + tree nodes need a cloud "
+                                   f"context of {need}, the cloud has {ready.capacity}")
+
+    async def generate(self, prompt: Sequence[int], max_new: int, sampling: SamplingParams,
+                       on_tokens: Callable[[list[int]], None] | None = None) -> Generation:
+        """Generate up to ``max_new`` tokens (see the module docstring); the cloud session is
+        closed and every worker thread has stopped when this returns or raises."""
+        self._check_room(prompt, max_new)
+        self._halt.clear()
+        t_begin = self.clock()
+        try:
+            d = self.drafter
+            ready = await self.link.open(Hello(list(prompt), sampling.temperature, sampling.top_p, sampling.top_k,
+                                               sampling.seed, max_nodes=d.params.budget))
+            self._check_cloud(ready, prompt, max_new)
+            out, records, stopped = await self._rounds(prompt, max_new, on_tokens)
+        finally:
+            try:
+                await self._drain()
+            finally:
+                await self.link.close()
+        wall = self.clock() - t_begin
+        return Generation(out, records, summarize(self.policy.name, records, len(out), wall), stopped)
+
+    async def _rounds(self, prompt: Sequence[int], max_new: int,
+                      on_tokens: Callable[[list[int]], None] | None) -> tuple[list[int], list[RoundRecord], bool]:
+        d, p = self.drafter, self.policy
+        stop_ids = d.stop_ids
         d.start(prompt)
         self.controller.new_request()
         out: list[int] = []
@@ -128,7 +200,7 @@ class Coordinator:
             _fill_decision(rec, decision)
             if p.drafting:
                 t0 = self.clock()
-                rec.draft_steps = await asyncio.to_thread(self._draft, depth)
+                rec.draft_steps = await asyncio.shield(self._spawn(self._draft, depth))
                 rec.draft_s = self.clock() - t0
                 tokens, parents = d.wire_tree()
             else:
@@ -141,11 +213,11 @@ class Coordinator:
             if p.proactive and p.drafting:
                 next_decision = self.controller.next_depth(True)
                 boundary = d.save_boundary()
-                branch_task = asyncio.create_task(asyncio.to_thread(self._branch, next_decision.depth))
-            verdict = await self.link.verdict(round_id)
+                branch_task = self._spawn(self._branch, next_decision.depth)
+            verdict = await self.link.verdict(round_id)  # raises: _drain stops the branch first
             rec.cloud_s = self.link.arrival(round_id) - t_sent
             if branch_task is not None:
-                rec.proactive_steps, rec.interrupted_at = await branch_task
+                rec.proactive_steps, rec.interrupted_at = await asyncio.shield(branch_task)
                 br = d.branch
                 end = verdict.path[-1] if verdict.path else -1
                 hit = br is not None and br.node == end and br.token == verdict.bonus
@@ -170,11 +242,8 @@ class Coordinator:
             if on_tokens and rec.emitted:
                 on_tokens(out[before:])
             if done:
-                break
+                return out, records, stopped
             round_id += 1
-        await self.link.close()
-        wall = self.clock() - t_begin
-        return Generation(out, records, summarize(p.name, records, len(out), wall), stopped)
 
 
 def assemble(engine: DraftEngine, tree: TreeParams, stop_ids: Sequence[int], link: CloudLink | str,

@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--capacity", type=int, default=2048, help="draft KV capacity per engine")
     ap.add_argument("--model-name", help="model id reported by /v1/models (default: the draft's name)")
     ap.add_argument("--retry-timeout", type=float, default=30.0, help="silence before the link re-sends/reconnects")
+    ap.add_argument("--verdict-timeout", type=float, default=120.0,
+                    help="hard cap on one round's wait for the cloud, re-sends and reconnects included "
+                         "(the deadline is 10x the slowest round so far, at least 30 s, at most this)")
     ap.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds to finish requests on SIGTERM")
     add_tree_args(ap)
     return ap
@@ -95,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     edges = [open_edge_model(source, args.backend, args.capacity, args.threads) for _ in range(max(1, args.parallel))]
     service = EdgeService(edges, args.cloud, policy=args.policy, tree=tree_params(args.depth, args.budget, args.topk, args.width),
                           token=token, ssl=ssl, model_name=args.model_name or os.path.basename(source.rstrip("/")),
-                          link_options={"retry_timeout": args.retry_timeout})
+                          link_options={"retry_timeout": args.retry_timeout,
+                                        "verdict_timeout_s": args.verdict_timeout})
     config = uvicorn.Config(create_app(service), host=host, port=int(port), log_level="info",
                             timeout_graceful_shutdown=args.shutdown_timeout, access_log=False)
     server = _Server(config)

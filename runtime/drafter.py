@@ -63,6 +63,9 @@ class Drafter:
         self.prefix_len = 0
         self.tree = TokenTree()
         self.levels = 0
+        self.branch = None  # a request that ended mid-round may have left a branch behind
+        self.branch_node = None
+        self._branch_width = self.params.width
 
     @property
     def root_position(self) -> int:

@@ -13,11 +13,11 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-from rapid.errors import RapidError
+from rapid.errors import ContextFullError, RapidError
 from rapid.runtime.coordinator import CoordinatorConfig, assemble, controller_for
 from rapid.runtime.detok import Detokenizer
 from rapid.runtime.edge_metrics import EdgeMetrics
-from rapid.runtime.link import CloudLink
+from rapid.runtime.link import CloudError, CloudLink
 from rapid.runtime.policies import get_policy
 from rapid.runtime.tree import TreeParams
 from rapid.sampling import SamplingParams
@@ -45,7 +45,24 @@ class Result:
     finish_reason: str = "length"
     completion_tokens: int = 0
     error: str | None = None
+    status: int = 502  # HTTP status of ``error`` (``http_error``)
+    error_type: str = "cloud_error"
+    error_code: str | None = None
     pieces: asyncio.Queue = field(default_factory=asyncio.Queue)  # str pieces, then None
+
+
+def http_error(e: Exception) -> tuple[int, str, str | None]:
+    """(HTTP status, OpenAI error type, code) of a failed generation.
+
+    ContextFullError (draft or cloud context) → 400 context_length_exceeded; the cloud's
+    verdict deadline → 504; the cloud full → 503; every other cloud error → 502."""
+    if isinstance(e, ContextFullError):
+        return 400, "invalid_request_error", "context_length_exceeded"
+    if isinstance(e, CloudError) and e.code == "deadline":
+        return 504, "cloud_error", "timeout"
+    if isinstance(e, CloudError) and e.code == "full":
+        return 503, "cloud_error", "cloud_full"
+    return 502, "cloud_error", None
 
 
 class EdgeService:
@@ -151,6 +168,7 @@ class EdgeService:
                 self.metrics.observe(gen.records, link.stats)
         except RapidError as e:
             res.error = str(e)
+            res.status, res.error_type, res.error_code = http_error(e)
             log.warning("generation failed: %s", e)
         except Exception as e:  # noqa: BLE001 — reported to the client, the daemon stays up
             log.exception("generation failed")

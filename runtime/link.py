@@ -16,6 +16,12 @@ backoff and sends ``Hello(session=id, prompt=committed)``:
   re-sent tree is verified there, and since every pick depends only on the prefix (greedy) or on
   (seed, absolute position) (sampling), the verdict is the same.
 
+No verdict waits forever: one round, re-sends and reconnects included, may take at most
+
+    deadline = clamp(VERDICT_FACTOR × slowest verdict of this session, min(VERDICT_FLOOR_S, cap), cap)
+
+(cap = ``verdict_timeout_s``), after which ``verdict`` raises ``CloudError("deadline")``.
+
 Each connection has a generation number; frames of an older connection are dropped unread, and a
 verdict is applied only for the pending round with the expected committed length, so a late or
 duplicated result is never applied twice.
@@ -51,6 +57,8 @@ from rapid.wire import (
 log = logging.getLogger("rapid.edge.link")
 
 RETRYABLE = {"busy", "no_session", "closed", "timeout"}
+VERDICT_FACTOR = 10.0  # a round may take this many times the session's slowest verdict so far
+VERDICT_FLOOR_S = 30.0  # ... but at least this (the first round includes the cloud's prefill)
 
 
 class CloudError(RapidError):
@@ -73,7 +81,10 @@ class _CannotConnect(_Lost):
 class CloudLink:
     def __init__(self, url: str, open_timeout: float = 10.0, delay_s: float = 0.0, *, token: str | None = None,
                  ssl=None, retry_timeout: float = 30.0, max_retry_s: float = 60.0, backoff_s: float = 0.05,
-                 backoff_max_s: float = 2.0, reconnect: bool = True, rng: random.Random | None = None) -> None:
+                 backoff_max_s: float = 2.0, reconnect: bool = True, rng: random.Random | None = None,
+                 verdict_timeout_s: float = 120.0) -> None:
+        if verdict_timeout_s <= 0:
+            raise ValueError(f"verdict_timeout_s must be > 0, got {verdict_timeout_s}")
         self.url = url
         self.open_timeout = open_timeout
         self.delay_s = delay_s  # optional one-way delay added to each sent tree (labelled in reports)
@@ -83,6 +94,9 @@ class CloudLink:
         self.max_retry_s = max_retry_s  # give up reconnecting after this long
         self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
         self.reconnect = reconnect
+        self.verdict_timeout_s = verdict_timeout_s  # hard cap on one round's wait (module docstring)
+        self._slowest = 0.0  # slowest verdict of this session (seconds from send_tree)
+        self._sent_at = 0.0
         self._rng = rng or random.Random()
         self.feedback = threading.Event()
         self.ready: Ready | None = None
@@ -240,6 +254,7 @@ class CloudLink:
     async def send_tree(self, round_id: int, tokens: list[int], parents: list[int]) -> None:
         assert self._hello is not None, "open() first"
         self.feedback.clear()
+        self._sent_at = time.perf_counter()
         self._pending = Tree(round_id, list(tokens), list(parents))
         data = encode(self._pending)
         if self.delay_s > 0:
@@ -247,7 +262,23 @@ class CloudLink:
         else:
             await self._send(data)
 
+    def verdict_deadline_s(self) -> float:
+        """How long the next verdict may take in all (see the module docstring)."""
+        cap = self.verdict_timeout_s
+        return min(cap, max(min(VERDICT_FLOOR_S, cap), VERDICT_FACTOR * self._slowest))
+
     async def verdict(self, round_id: int) -> VerdictFrame:
+        """The verdict of ``round_id``, re-sending and reconnecting as needed, within the deadline."""
+        budget = self.verdict_deadline_s()
+        try:
+            frame = await asyncio.wait_for(self._await_verdict(round_id), budget)
+        except TimeoutError:
+            raise CloudError("deadline", f"no verdict for round {round_id} within {budget:.1f}s "
+                                         f"(re-sends and reconnects included)") from None
+        self._slowest = max(self._slowest, self._arrivals.get(round_id, time.perf_counter()) - self._sent_at)
+        return frame
+
+    async def _await_verdict(self, round_id: int) -> VerdictFrame:
         silent = 0
         while True:
             try:

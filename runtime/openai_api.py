@@ -31,8 +31,8 @@ def create_app(service: EdgeService):
 
     app = FastAPI(title="RAPID edge", version="1")
 
-    def error(status: int, message: str, kind: str = "invalid_request_error"):
-        return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": None}}, status)
+    def error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None):
+        return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": code}}, status)
 
     @app.get("/health")
     async def health():
@@ -122,7 +122,8 @@ def create_app(service: EdgeService):
                             break
                         yield f"data: {json.dumps({**head, 'choices': [choice(piece, None)]})}\n\n"
                     if res.error:
-                        yield f"data: {json.dumps({'error': {'message': res.error, 'type': 'cloud_error'}})}\n\n"
+                        err = {"message": res.error, "type": res.error_type, "code": res.error_code}
+                        yield f"data: {json.dumps({'error': err})}\n\n"
                     else:
                         last = {**head, "choices": [choice(None if chat else "", res.finish_reason)]}
                         if (body.get("stream_options") or {}).get("include_usage"):
@@ -142,8 +143,8 @@ def create_app(service: EdgeService):
             if not waiter.done() and await http.is_disconnected():
                 abort.set()
         if res.error:
-            service.metrics.requests.labels(endpoint, "502").inc()
-            return error(502, res.error, "cloud_error")
+            service.metrics.requests.labels(endpoint, str(res.status)).inc()
+            return error(res.status, res.error, res.error_type, res.error_code)
         service.metrics.requests.labels(endpoint, "200").inc()
         if chat:
             ch = {"index": 0, "message": {"role": "assistant", "content": res.text}, "logprobs": None,

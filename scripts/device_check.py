@@ -115,9 +115,52 @@ def main() -> int:
         ok &= same
         print(f"- exactness, target+draft on GPU, policy {name}, T={t}: {'identical' if same else 'DIFFERENT'} "
               f"(tokens/target call {tpc:.2f})")
+    ok &= batched_on_gpu(tgt_gpu, tgt_cpu, drf_dir)
     bf16_invariance(tgt_dir)
     print(f"- overall: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
+
+
+def batched_on_gpu(tgt_gpu, tgt_cpu, drf_dir: str) -> bool:
+    """6. Batched verification (--max-batch 8) with the target on the GPU: 6 concurrent edges,
+    each identical to the target alone, trees really batched, no batched forward split."""
+    from transformers import AutoModelForCausalLM
+
+    from rapid.engines.torch_engine import TorchEngine
+    from rapid.modeling import Decoder
+    from rapid.runtime.coordinator import CoordinatorConfig, assemble
+    from rapid.runtime.tree import TreeParams
+    from rapid.sampling import SamplingParams
+    from rapid.server.app import VerifierServer
+    from rapid.server.background import BackgroundServer
+    from rapid.server.target import reference_decode
+    from rapid.tiny import EOS_ID
+
+    verifier = VerifierServer(tgt_gpu, max_batch=8, batch_window_ms=20.0)
+    server = BackgroundServer(verifier)
+    prompts = [list(f"prompt number {i}: ".encode()) for i in range(6)]
+
+    async def one(prompt):
+        eng = TorchEngine(Decoder.from_hf(AutoModelForCausalLM.from_pretrained(drf_dir, dtype=torch.float64)),
+                          1024, device="cuda")
+        coord = assemble(eng, TreeParams(4, 12, 2, 2), (EOS_ID,), server.url, "rapid", CoordinatorConfig(depth=4))
+        return (await coord.generate(prompt, 32, SamplingParams())).tokens
+
+    async def all_of():
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    try:
+        outs = asyncio.run(all_of())
+    finally:
+        server.close()
+    same = sum(o == reference_decode(tgt_cpu, p, 32, SamplingParams(), (EOS_ID,)) for o, p in zip(outs, prompts, strict=True))
+    sizes = verifier.metrics.batch_size.collect()[0].samples
+    total = next(x.value for x in sizes if x.name.endswith("_sum"))
+    count = next(x.value for x in sizes if x.name.endswith("_count"))
+    splits = verifier.metrics.batch_failures._value.get()
+    print(f"- batched verification on the GPU (--max-batch 8, 6 edges): {same}/6 identical, "
+          f"mean trees per forward {total / max(count, 1):.2f}, split batches {splits:.0f}")
+    return same == 6 and splits == 0
 
 
 def bf16_invariance(tgt_dir: str) -> None:

@@ -69,7 +69,7 @@ class VerifierServer:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rapid-verify")
         self.token = token
         self.metrics = ServerMetrics()
-        self.batcher = (Batcher(self.pool, batch_window_ms / 1000.0, max_batch, self._on_batch)
+        self.batcher = (Batcher(self.pool, batch_window_ms / 1000.0, max_batch, self._on_batch, self._on_split)
                         if max_batch > 1 else None)
         self.stats = {"connections": 0, "rounds": 0, "errors": 0, "replayed": 0, "resumed": 0}
         self.port: int | None = None
@@ -99,6 +99,11 @@ class VerifierServer:
     def _on_batch(self, size: int, seconds: float) -> None:
         self.metrics.batch_size.observe(size)
         self.metrics.forward_latency.observe(seconds)
+
+    def _on_split(self, size: int, error: Exception) -> None:
+        self.metrics.batch_failures.inc()
+        log.error("batched forward of %d trees failed (%s: %s); verified them one by one", size,
+                  type(error).__name__, error, exc_info=error)
 
     # -- websocket side ------------------------------------------------------------------------
 

@@ -9,7 +9,10 @@ commits its accepted chain on its own, as in ``TargetSession.verify``.
 
 A batch of one takes ``TargetSession.verify`` itself (bit-identical to the unbatched server).
 Each session has at most one tree in flight (the server holds a per-session lock), so a
-session never appears twice in a batch.
+session never appears twice in a batch. If the batched forward itself fails (nothing was
+committed), the trees are verified one by one so a crash stays with its session; that split is
+reported (``BatchOutcome.error``: logged and counted by the server), and the batch-size metric
+then sees forwards of one.
 """
 
 from __future__ import annotations
@@ -25,14 +28,21 @@ from rapid.server.chains import forward_chains
 from rapid.server.target import BadTreeError, TargetSession
 
 
-def verify_batch(items: Sequence[tuple[TargetSession, Sequence[int], Sequence[int]]]) -> list[Verdict | Exception]:
+@dataclass(slots=True)
+class BatchOutcome:
+    results: list[Verdict | Exception]  # [B] one per item, in order
+    forwards: list[int]  # trees per target forward that ran (sizes for the batch-size metric)
+    error: Exception | None = None  # the batched forward failed and was split into single trees
+
+
+def verify_batch(items: Sequence[tuple[TargetSession, Sequence[int], Sequence[int]]]) -> BatchOutcome:
     """Verify one tree per (distinct) session; a bad tree fails alone, the others go on."""
     if len(items) == 1:
         s, tokens, parents = items[0]
         try:
-            return [s.verify(tokens, parents)]
+            return BatchOutcome([s.verify(tokens, parents)], [1])
         except Exception as e:  # noqa: BLE001 — reported to that session only
-            return [e]
+            return BatchOutcome([e], [1])
     out: list[Verdict | Exception | None] = [None] * len(items)
     rows = []
     for i, (s, tokens, parents) in enumerate(items):
@@ -45,16 +55,18 @@ def verify_batch(items: Sequence[tuple[TargetSession, Sequence[int], Sequence[in
             out[i] = BadTreeError(why)
         else:
             rows.append(i)
-    if len(rows) == 1 or any(items[i][0].mode == "sequential" for i in rows):
-        results = _one_by_one([items[i] for i in rows])
+    error = None
+    if len(rows) <= 1 or any(items[i][0].mode == "sequential" for i in rows):
+        results, forwards = _one_by_one([items[i] for i in rows]), [1] * len(rows)
     else:
         try:
-            results = _forward_rows([items[i] for i in rows]) if rows else []
-        except Exception:  # noqa: BLE001 — nothing was committed: verify the rows one by one, so
-            results = _one_by_one([items[i] for i in rows])  # a crash stays with its session
+            results, forwards = _forward_rows([items[i] for i in rows]), [len(rows)]
+        except Exception as e:  # noqa: BLE001 — nothing was committed: verify the rows one by one, so
+            error = e  # a crash stays with its session
+            results, forwards = _one_by_one([items[i] for i in rows]), [1] * len(rows)
     for i, v in zip(rows, results, strict=True):
         out[i] = v
-    return out  # type: ignore[return-value]
+    return BatchOutcome(out, forwards, error)  # type: ignore[arg-type]
 
 
 def _one_by_one(items) -> list[Verdict | Exception]:
@@ -98,13 +110,15 @@ class Batcher:
     """Collects verification jobs on the event loop and runs them as batches on ``pool``."""
 
     def __init__(self, pool: Executor, window_s: float, max_batch: int,
-                 on_batch: Callable[[int, float], None] | None = None) -> None:
+                 on_batch: Callable[[int, float], None] | None = None,
+                 on_split: Callable[[int, Exception], None] | None = None) -> None:
         if max_batch < 1 or window_s < 0:
             raise ValueError("max_batch >= 1 and window >= 0")
         self.pool = pool
         self.window_s = window_s
         self.max_batch = max_batch
-        self.on_batch = on_batch  # (batch size, forward seconds)
+        self.on_batch = on_batch  # (trees in one forward, seconds), per forward
+        self.on_split = on_split  # (batch size, the batched forward's exception)
         self._jobs: list[_Job] = []
         self._wake: asyncio.Event | None = None
         self._full: asyncio.Event | None = None
@@ -142,13 +156,17 @@ class Batcher:
                 continue
             t0 = time.perf_counter()
             try:
-                results = await loop.run_in_executor(self.pool, verify_batch,
+                outcome = await loop.run_in_executor(self.pool, verify_batch,
                                                      [(j.session, j.tokens, j.parents) for j in batch])
             except Exception as e:  # noqa: BLE001 — never let the loop die
-                results = [e] * len(batch)
-            if self.on_batch is not None:
-                self.on_batch(len(batch), time.perf_counter() - t0)
-            for j, r in zip(batch, results, strict=True):
+                outcome = BatchOutcome([e] * len(batch), [], e)
+            if outcome.error is not None and self.on_split is not None:
+                self.on_split(len(batch), outcome.error)
+            if self.on_batch is not None and outcome.forwards:
+                seconds = (time.perf_counter() - t0) / len(outcome.forwards)
+                for size in outcome.forwards:
+                    self.on_batch(size, seconds)
+            for j, r in zip(batch, outcome.results, strict=True):
                 if j.future.done():
                     continue
                 if isinstance(r, Exception):

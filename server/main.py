@@ -16,18 +16,21 @@ log = logging.getLogger("rapid.server")
 FLAT_PROBE_TOKENS = (1, 4, 8, 16, 32)  # the verify-curve points measured at start-up
 
 
-def load_target(spec: str, dtype: str = "auto", threads: int = 1):
-    """Load the target in ``dtype`` (``rapid.precision``: auto = bf16 where native) on the CPU."""
+def load_target(spec: str, dtype: str = "auto", threads: int = 1, device: str = "auto"):
+    """Load the target on ``device`` (``rapid.device``: auto = the first CUDA device, else the CPU)
+    in ``dtype`` (``rapid.precision``: auto = bf16 where native)."""
     import torch
 
+    from rapid.device import choose_device
     from rapid.modeling import load_decoder
     from rapid.precision import choose_dtype, cpu_flags
 
-    choice = choose_dtype(dtype, "cpu", cpu_flags())
-    log.info("target dtype %s (%s)", choice.dtype, choice.reason)
+    dev = choose_device(device, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    choice = choose_dtype(dtype, dev, cpu_flags())
+    log.info("target on %s, dtype %s (%s)", dev, choice.dtype, choice.reason)
     torch.set_num_threads(threads)
     model, tokenizer = load_decoder(spec, getattr(torch, choice.dtype))
-    return model, tokenizer
+    return model.to(dev), tokenizer
 
 
 def choose_verify_mode(model, requested: str = "auto") -> str:
@@ -66,11 +69,11 @@ def run_serve(target: str, host: str, port: int, threads: int = 1, dtype: str = 
               max_sessions: int = 16, max_context: int = 4096, max_nodes: int = 64, *,
               token_file: str | None = None, cert: str | None = None, key: str | None = None,
               batch_window_ms: float = 2.0, max_batch: int = 8, idle_timeout: float = 600.0,
-              grace: float = 30.0, verify: str = "auto") -> int:
+              grace: float = 30.0, verify: str = "auto", device: str = "auto") -> int:
     token = load_token(token_file)
     ssl_ctx = server_ssl_context(cert, key)
     log.info("loading target %s (%s, %d thread(s))", target, dtype, threads)
-    model, _ = load_target(target, dtype, threads)
+    model, _ = load_target(target, dtype, threads, device)
     mode = choose_verify_mode(model, verify)
     server = VerifierServer(model, Limits(max_sessions, max_context, max_nodes, grace, idle_timeout), token=token,
                             batch_window_ms=batch_window_ms, max_batch=max_batch, verify_mode=mode,

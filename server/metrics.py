@@ -27,6 +27,7 @@ class ServerMetrics:
         self.replayed = Counter("rapid_spec_decode_num_replayed_verdicts", "Re-sent trees answered from the stored verdict", registry=r)
         self.verify_latency = Histogram("rapid_verify_latency_seconds", "Time from a tree's arrival to its verdict", buckets=LATENCY_BUCKETS, registry=r)
         self.forward_latency = Histogram("rapid_target_forward_seconds", "One (possibly batched) target forward", buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_failures = Counter("rapid_verify_batch_failures", "Batched forwards that failed and were split into single trees", registry=r)
         self.batch_size = Histogram("rapid_verify_batch_size", "Trees per target forward", buckets=BATCH_BUCKETS, registry=r)
         self.errors = Counter("rapid_errors", "Error frames sent, by code", ["kind"], registry=r)
         self.auth_failures = Counter("rapid_auth_failures", "Handshakes rejected with HTTP 401", registry=r)

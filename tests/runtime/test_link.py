@@ -4,6 +4,7 @@ flag, verdict bookkeeping, error frames and the typed connection failures."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from websockets.asyncio.server import serve
@@ -27,6 +28,8 @@ def scripted(answer):
                 await ws.send(encode(Ready("s1", 100, 512, frame.max_nodes, committed)))
             elif isinstance(frame, Tree):
                 reply = answer(frame, committed)
+                if reply is None:  # a peer that never answers this tree
+                    continue
                 if isinstance(reply, VerdictFrame):
                     committed = reply.committed
                 await ws.send(encode(reply))
@@ -100,3 +103,35 @@ def test_nothing_listening_fails_fast_as_unreachable(reconnect):
         assert e.value.code == "unreachable" and "cannot connect" in e.value.reason
 
     asyncio.run(asyncio.wait_for(body(), 10))
+
+
+def test_a_cloud_that_never_answers_hits_the_verdict_deadline():
+    async def body(url):
+        link = CloudLink(url, retry_timeout=0.2, verdict_timeout_s=1.0, backoff_s=0.01)
+        await link.open(Hello([1], max_nodes=8))
+        await link.send_tree(0, [5], [-1])
+        t0 = time.monotonic()
+        with pytest.raises(CloudError) as e:
+            await link.verdict(0)
+        assert e.value.code == "deadline" and "round 0" in e.value.reason
+        assert 0.9 < time.monotonic() - t0 < 3.0
+        assert link.stats["resent"] >= 1 and link.stats["reconnects"] >= 1  # it did try before giving up
+        await link.close()
+
+    asyncio.run(with_peer(lambda t, c: None, body))
+
+
+def test_the_verdict_deadline_follows_the_slowest_round_between_floor_and_cap():
+    async def body(url):
+        link = CloudLink(url, verdict_timeout_s=120.0)
+        assert link.verdict_deadline_s() == 30.0  # nothing measured yet: the floor
+        await link.open(Hello([1], max_nodes=8))
+        await link.send_tree(0, [5], [-1])
+        await link.verdict(0)
+        assert link.verdict_deadline_s() == 30.0  # a fast round: still the floor
+        await link.close()
+
+    asyncio.run(with_peer(accept_first, body))
+    assert CloudLink("ws://127.0.0.1:1", verdict_timeout_s=1.0).verdict_deadline_s() == 1.0  # the cap rules
+    with pytest.raises(ValueError):
+        CloudLink("ws://127.0.0.1:1", verdict_timeout_s=0)

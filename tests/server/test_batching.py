@@ -6,6 +6,7 @@ import asyncio
 import random
 import re
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -16,9 +17,10 @@ from rapid.runtime.link import CloudLink
 from rapid.runtime.policies import POLICIES
 from rapid.runtime.tree import TreeParams
 from rapid.sampling import SamplingParams
+from rapid.server import batching
 from rapid.server.app import VerifierServer
 from rapid.server.background import BackgroundServer
-from rapid.server.batching import verify_batch
+from rapid.server.batching import Batcher, verify_batch
 from rapid.server.sessions import Limits
 from rapid.server.target import TargetSession, reference_decode
 from rapid.tiny import EOS_ID
@@ -42,14 +44,44 @@ def test_verify_batch_equals_one_by_one(tiny_pair, seed):
     for _ in range(5):
         trees = [random_tree(rng, rng.randint(0, 12)) for _ in a]
         trees[0] = ([1] * 3, [-1, 5, 0])  # a malformed tree fails alone
-        batched = verify_batch([(s, t, p) for s, (t, p) in zip(a, trees, strict=True)])
+        outcome = verify_batch([(s, t, p) for s, (t, p) in zip(a, trees, strict=True)])
+        batched = outcome.results
         assert isinstance(batched[0], Exception)
+        assert outcome.forwards == [5] and outcome.error is None  # one forward of the 5 good trees
         for s, (t, p), v in zip(b[1:], trees[1:], batched[1:], strict=True):
             assert s.verify(t, p) == v
     for x, y in zip(a[1:], b[1:], strict=True):
         assert x.tokens == y.tokens and x.kv.length == y.kv.length
         n = x.kv.length
         assert (x.kv.k[:, :, :n] - y.kv.k[:, :, :n]).abs().max() < 1e-12
+
+
+def test_a_failed_batched_forward_is_split_reported_and_still_exact(tiny_pair, monkeypatch):
+    target, _ = tiny_pair
+    prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    a = [TargetSession(target, p, SamplingParams(), 256, 64) for p in prompts]
+    b = [TargetSession(target, p, SamplingParams(), 256, 64) for p in prompts]
+    trees = [([10, 11], [-1, 0]), ([12], [-1]), ([], [])]
+
+    def broken(items):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(batching, "_forward_rows", broken)
+    outcome = verify_batch([(s, t, p) for s, (t, p) in zip(a, trees, strict=True)])
+    assert isinstance(outcome.error, RuntimeError) and outcome.forwards == [1, 1, 1]
+    assert outcome.results == [s.verify(t, p) for s, (t, p) in zip(b, trees, strict=True)]
+    splits, sizes = [], []
+
+    async def run():
+        batcher = Batcher(ThreadPoolExecutor(1), 0.05, 3, lambda n, sec: sizes.append(n),
+                          lambda n, e: splits.append((n, str(e))))
+        c = [TargetSession(target, p, SamplingParams(), 256, 64) for p in prompts]
+        got = await asyncio.gather(*(batcher.submit(s, t, p) for s, (t, p) in zip(c, trees, strict=True)))
+        await batcher.close()
+        return got
+
+    assert asyncio.run(run()) == outcome.results
+    assert splits == [(3, "device lost")] and sizes == [1, 1, 1]  # the metric sees what really ran
 
 
 def test_concurrent_sessions_are_each_exact_and_batched(tiny_pair):
