@@ -5,8 +5,10 @@
 
 Endpoints (FastAPI + uvicorn): ``POST /v1/completions``, ``POST /v1/chat/completions`` (chat
 template from the tokenizer; ``stream: true`` → server-sent events ending in ``data: [DONE]``;
-``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``), ``GET /v1/models``, ``GET /health``,
-``GET /metrics`` (Prometheus text). Clean shutdown on SIGTERM/SIGINT (uvicorn's handlers: stop
+what is honoured and what is refused: ``rapid.runtime.openai_schema``), ``GET /v1/models``,
+``GET /health`` (503 while the cloud does not answer), ``GET /livez``, ``GET /metrics``
+(Prometheus text). ``--max-tokens``, ``--temperature``, ``--top-p``, ``--top-k`` and ``--seed``
+are the defaults of requests that leave them out. Clean shutdown on SIGTERM/SIGINT (uvicorn's handlers: stop
 accepting, finish in-flight requests up to ``--shutdown-timeout``).
 
 Concurrency: a draft engine holds one sequence's KV, so it serves one request at a time. The
@@ -37,6 +39,7 @@ from rapid.runtime.args import add_tree_args, tree_params
 from rapid.runtime.engine_pool import EdgeService
 from rapid.runtime.generate import open_edge_model
 from rapid.runtime.openai_api import create_app
+from rapid.runtime.openai_schema import RequestDefaults
 
 log = logging.getLogger("rapid.edge.daemon")
 
@@ -79,7 +82,16 @@ def build_parser() -> argparse.ArgumentParser:
                          "(the deadline is 10x the slowest round so far, at least 30 s, at most this)")
     ap.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds to finish requests on SIGTERM")
     add_tree_args(ap)
+    # the sampling flags are the defaults of requests that leave them out; unset: OpenAI's
+    # (temperature 1, top_p 1, a random seed when sampling, max_tokens until EOS / context)
+    ap.set_defaults(max_tokens=None, temperature=None, top_p=None, top_k=None, seed=None)
     return ap
+
+
+def request_defaults(args: argparse.Namespace) -> RequestDefaults:
+    """The daemon's sampling flags as the defaults of its requests."""
+    return RequestDefaults(args.max_tokens, 1.0 if args.temperature is None else args.temperature,
+                           1.0 if args.top_p is None else args.top_p, args.top_k or 0, args.seed)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                           token=token, ssl=ssl, model_name=args.model_name or os.path.basename(source.rstrip("/")),
                           link_options={"retry_timeout": args.retry_timeout,
                                         "verdict_timeout_s": args.verdict_timeout})
-    config = uvicorn.Config(create_app(service), host=host, port=int(port), log_level="info",
+    config = uvicorn.Config(create_app(service, request_defaults(args)), host=host, port=int(port), log_level="info",
                             timeout_graceful_shutdown=args.shutdown_timeout, access_log=False)
     server = _Server(config)
     log.info("rapid edge: %s engine(s) of %s, cloud %s, API on http://%s:%s/v1", len(edges), source, args.cloud, host, port)

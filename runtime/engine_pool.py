@@ -11,6 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl as ssl_mod
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass, field
 
 from rapid.errors import ContextFullError, RapidError
@@ -32,11 +37,23 @@ class _Abort(Exception):
 @dataclass(slots=True)
 class Request:
     prompt_ids: list[int]
-    max_tokens: int
+    max_tokens: int | None  # None: until EOS or the context limit (``default_max_tokens``)
     temperature: float
     top_p: float
     seed: int
     stop: list[str]
+    top_k: int = 0
+
+
+def default_max_tokens(capacity: int, prompt_len: int, tree: TreeParams) -> int:
+    """Tokens a request without ``max_tokens`` may generate: the draft context left after the
+    prompt and the tree slots (4 per budgeted node, an auto budget counted as 16, + 32)."""
+    budget = 16 if tree.auto_budget else tree.budget
+    room = capacity - prompt_len - 4 * min(budget, 16) - 32
+    if room < 1:
+        raise ContextFullError(f"the prompt ({prompt_len} tokens) leaves no room to generate in the draft's "
+                               f"context of {capacity}")
+    return room
 
 
 @dataclass(slots=True)
@@ -65,6 +82,25 @@ def http_error(e: Exception) -> tuple[int, str, str | None]:
     return 502, "cloud_error", None
 
 
+HEALTH_TTL_S = 2.0  # /health re-checks the cloud at most this often
+
+
+def probe_cloud(url: str, ssl: ssl_mod.SSLContext | None = None, timeout: float = 2.0) -> str | None:
+    """None when the verifier at ``url`` (ws:// or wss://) answers ``GET /health`` with 200, else
+    one line saying why not."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("ws", "wss") or not parts.hostname:
+        return f"the cloud URL {url!r} is not ws://HOST:PORT or wss://HOST:PORT"
+    scheme = "https" if parts.scheme == "wss" else "http"
+    try:
+        with urllib.request.urlopen(f"{scheme}://{parts.netloc}/health", timeout=timeout, context=ssl) as r:
+            return None if r.status == 200 else f"the cloud answered /health with HTTP {r.status}"
+    except urllib.error.HTTPError as e:
+        return f"the cloud answered /health with HTTP {e.code}"
+    except (OSError, ValueError) as e:
+        return f"the cloud at {url} is unreachable ({type(e).__name__}: {e})"
+
+
 class EdgeService:
     """The engine pool, one cloud session per request, stop strings, streaming pieces."""
 
@@ -82,6 +118,14 @@ class EdgeService:
         # one depth controller per engine, kept across requests: its latency baseline is the
         # device's, so contention that started before a request is still seen as contention
         self._controllers: dict[int, object] = {}
+        self._health: tuple[float, str | None] | None = None  # (checked at, problem) for /health
+
+    async def cloud_problem(self) -> str | None:
+        """Why the cloud cannot serve now (``probe_cloud``), re-checked at most every HEALTH_TTL_S."""
+        now = time.monotonic()
+        if self._health is None or now - self._health[0] >= HEALTH_TTL_S:
+            self._health = (now, await asyncio.to_thread(probe_cloud, self.cloud, self.ssl))
+        return self._health[1]
 
     def pool(self) -> asyncio.Queue:
         if self._pool is None:
@@ -91,12 +135,8 @@ class EdgeService:
         return self._pool
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
-        msgs = []
-        for m in messages:
-            content = m.get("content") or ""
-            if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            msgs.append({"role": m.get("role", "user"), "content": content})
+        """``messages``: ``{"role", "content"}`` dicts with text content (validated by the API)."""
+        msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
         ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
@@ -155,9 +195,10 @@ class EdgeService:
             cfg = CoordinatorConfig(depth=self.tree.depth)
             ctrl = self._controllers.setdefault(id(edge), controller_for(self.policy, cfg))
             coord = assemble(edge.engine, self.tree, edge.stop_ids, link, self.policy, cfg, ctrl)
-            sampling = SamplingParams(req.temperature, req.top_p, 0, req.seed)
+            sampling = SamplingParams(req.temperature, req.top_p, req.top_k, req.seed)
+            max_new = req.max_tokens or default_max_tokens(edge.engine.info.capacity, len(req.prompt_ids), self.tree)
             try:
-                gen = await coord.generate(req.prompt_ids, req.max_tokens, sampling, on_tokens)
+                gen = await coord.generate(req.prompt_ids, max_new, sampling, on_tokens)
             except _Abort:
                 pass
             else:

@@ -1,22 +1,39 @@
 """The OpenAI-compatible HTTP API of ``rapid edge``: :func:`create_app` (FastAPI).
 
 Owns the endpoints — ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or
-server-sent events), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` — request
-validation (``n``, ``temperature``, ``top_p``, ``max_tokens``, ``stop``, ``seed``), the
-OpenAI-shaped responses and error bodies, and noticing clients that hang up. Generation itself
-is :class:`rapid.runtime.engine_pool.EdgeService`.
+server-sent events), ``GET /v1/models``, ``GET /health`` (readiness: 503 while the cloud does not
+answer), ``GET /livez`` (liveness), ``GET /metrics`` — the OpenAI-shaped responses, and noticing
+clients that hang up. Request validation is :mod:`.openai_schema`; generation is
+:class:`rapid.runtime.engine_pool.EdgeService`.
+
+Every error has the OpenAI shape ``{"error": {"message", "type", "param", "code"}}``: 400 for a
+bad or refused request (a context overflow: ``context_length_exceeded``), 404 for an unknown
+route or model (``model_not_found``), 405, 502/503/504 for the cloud, 500 only for a bug — with
+no traceback in the body. A stream that fails before its first token gets that status too;
+``rapid_edge_requests_total`` counts the status that was sent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import secrets
+import logging
 import time
 import uuid
 from typing import Any
 
-from rapid.runtime.engine_pool import EdgeService, Request
+from rapid.runtime.engine_pool import EdgeService, Request, Result
+from rapid.runtime.openai_schema import (
+    ApiError,
+    ChatBody,
+    RequestDefaults,
+    max_tokens_of,
+    parse_body,
+    sampling_of,
+    stop_strings,
+)
+
+log = logging.getLogger("rapid.edge.api")
 
 try:  # FastAPI resolves endpoint annotations from module globals (this module uses string annotations)
     from fastapi import Request as HTTPRequest
@@ -24,19 +41,72 @@ except ImportError:  # the edge extra is not installed: main() reports it
     HTTPRequest = Any  # type: ignore[misc,assignment]
 
 
-def create_app(service: EdgeService):
-    from fastapi import FastAPI
-    from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-    from prometheus_client import generate_latest
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
+
+def build_request(service: EdgeService, body, defaults: RequestDefaults) -> Request:
+    """A validated body → the generation request (prompt tokens, limits, sampling, stops)."""
+    temperature, top_p, top_k, seed = sampling_of(body, defaults)
+    req = Request([], max_tokens_of(body, defaults), temperature, top_p, seed, stop_strings(body), top_k)
+    if isinstance(body, ChatBody):
+        req.prompt_ids = service.encode_chat([{"role": m.role, "content": m.text()} for m in body.messages])
+    else:
+        prompt = body.prompt
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            vocab = len(service.tokenizer)
+            if any(not 0 <= t < vocab for t in prompt):
+                raise ApiError(400, f"prompt token ids must be in [0, {vocab})", "prompt")
+            req.prompt_ids = list(prompt)
+        elif isinstance(prompt, str) and prompt:
+            req.prompt_ids = service.encode_text(prompt)
+        else:
+            raise ApiError(400, "prompt must be one non-empty string or a non-empty list of token ids", "prompt")
+    return req
+
+
+def create_app(service: EdgeService, defaults: RequestDefaults | None = None):
+    from fastapi import FastAPI
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, PlainTextResponse
+    from prometheus_client import generate_latest
+    from starlette.exceptions import HTTPException
+
+    defaults = defaults or RequestDefaults()
     app = FastAPI(title="RAPID edge", version="1")
 
-    def error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None):
-        return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": code}}, status)
+    def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+              code: str | None = None):
+        return JSONResponse(error_body(message, kind, param, code), status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_, exc: HTTPException):
+        kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
+        return error(exc.status_code, str(exc.detail), kind)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_, exc: RequestValidationError):
+        return error(400, str(exc.errors()[0].get("msg", "invalid request")) if exc.errors() else "invalid request")
+
+    @app.exception_handler(Exception)
+    async def internal_error(_, exc: Exception):
+        log.exception("unexpected error in the API")
+        return error(500, f"internal error ({type(exc).__name__}); see the daemon's log", "internal_error")
+
+    @app.get("/livez")
+    async def livez():
+        return {"status": "alive"}
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "cloud": service.cloud, "engines": len(service.edges)}
+        why = await service.cloud_problem()
+        body = {"status": "ok" if why is None else "unavailable", "cloud": service.cloud, "engines": len(service.edges)}
+        if why is not None:
+            body["reason"] = why
+        return JSONResponse(body, 200 if why is None else 503)
 
     @app.get("/metrics")
     async def metrics():
@@ -48,125 +118,114 @@ def create_app(service: EdgeService):
         return {"object": "list", "data": [{"id": service.model_name, "object": "model", "created": 0,
                                             "owned_by": "rapid"}]}
 
-    def parse(body: dict) -> Request:
-        n = body.get("n", 1)
-        if n not in (None, 1):
-            raise ValueError("only n = 1 is supported")
-        temperature = body.get("temperature")
-        temperature = 1.0 if temperature is None else float(temperature)
-        top_p = body.get("top_p")
-        top_p = 1.0 if top_p is None else float(top_p)
-        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 16
-        stop = body.get("stop") or []
-        stop = [stop] if isinstance(stop, str) else list(stop)
-        if not all(isinstance(s, str) for s in stop) or len(stop) > 4:
-            raise ValueError("stop must be a string or up to 4 strings")
-        seed = body.get("seed")
-        if seed is None:
-            seed = secrets.randbits(31) if temperature > 0 else 0
-        if not 0 <= temperature <= 2 or not 0 < top_p <= 1 or int(max_tokens) < 1:
-            raise ValueError("temperature in [0, 2], top_p in (0, 1], max_tokens >= 1")
-        return Request([], int(max_tokens), temperature, top_p, int(seed) & 0x7FFFFFFF, stop)
-
-    async def run(http: HTTPRequest, body: dict, chat: bool):
+    async def run(http: HTTPRequest, chat: bool):
         endpoint = "chat" if chat else "completions"
         try:
-            req = parse(body)
-            if chat:
-                messages = body.get("messages")
-                if not isinstance(messages, list) or not messages:
-                    raise ValueError("messages must be a non-empty list")
-                req.prompt_ids = service.encode_chat(messages)
-            else:
-                prompt = body.get("prompt")
-                if isinstance(prompt, list) and len(prompt) == 1:
-                    prompt = prompt[0]
-                if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-                    req.prompt_ids = list(prompt)
-                elif isinstance(prompt, str) and prompt:
-                    req.prompt_ids = service.encode_text(prompt)
-                else:
-                    raise ValueError("prompt must be one non-empty string or a list of token ids")
-        except (ValueError, TypeError) as e:
-            service.metrics.requests.labels(endpoint, "400").inc()
-            return error(400, str(e))
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        created = int(time.time())
+            try:
+                raw = await http.json()
+            except ValueError:
+                raise ApiError(400, "the body must be JSON") from None
+            body = parse_body(raw, chat, service.model_name)
+            req = build_request(service, body, defaults)
+        except ApiError as e:
+            service.metrics.requests.labels(endpoint, str(e.status)).inc()
+            return error(e.status, e.message, e.kind, e.param, e.code)
         res, abort, task = service.start(req)
-        obj = "chat.completion" if chat else "text_completion"
-
-        def choice(text: str | None, finish: str | None, first: bool = False) -> dict:
-            if chat:
-                delta: dict[str, Any] = {}
-                if first:
-                    delta["role"] = "assistant"
-                if text is not None:
-                    delta["content"] = text
-                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-
-        def usage() -> dict:
-            return {"prompt_tokens": len(req.prompt_ids), "completion_tokens": res.completion_tokens,
-                    "total_tokens": len(req.prompt_ids) + res.completion_tokens}
-
-        if body.get("stream"):
-            async def events():
-                chunk_obj = "chat.completion.chunk" if chat else "text_completion"
-                head = {"id": rid, "object": chunk_obj, "created": created, "model": service.model_name}
-                try:
-                    if chat:
-                        yield f"data: {json.dumps({**head, 'choices': [choice(None, None, True)]})}\n\n"
-                    while True:
-                        piece = await res.pieces.get()
-                        if piece is None:
-                            break
-                        yield f"data: {json.dumps({**head, 'choices': [choice(piece, None)]})}\n\n"
-                    if res.error:
-                        err = {"message": res.error, "type": res.error_type, "code": res.error_code}
-                        yield f"data: {json.dumps({'error': err})}\n\n"
-                    else:
-                        last = {**head, "choices": [choice(None if chat else "", res.finish_reason)]}
-                        if (body.get("stream_options") or {}).get("include_usage"):
-                            last["usage"] = usage()
-                        yield f"data: {json.dumps(last)}\n\n"
-                    yield "data: [DONE]\n\n"
-                    service.metrics.requests.labels(endpoint, "200").inc()
-                finally:
-                    abort.set()  # client gone (or done): stop at the next round, free the cloud session
-
-            return StreamingResponse(events(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
+        reply = Reply(service, req, res, chat, body.stream_options is not None and body.stream_options.include_usage)
+        if body.stream:
+            first = await res.pieces.get()  # the status is known once the first token (or error) is
+            if first is None and res.error:
+                return reply.failed(endpoint)
+            return reply.stream(endpoint, first, abort)
         waiter = asyncio.ensure_future(task)
         while not waiter.done():  # notice a client that hangs up while we generate
             await asyncio.wait({waiter}, timeout=0.25)
             if not waiter.done() and await http.is_disconnected():
                 abort.set()
         if res.error:
-            service.metrics.requests.labels(endpoint, str(res.status)).inc()
-            return error(res.status, res.error, res.error_type, res.error_code)
+            return reply.failed(endpoint)
         service.metrics.requests.labels(endpoint, "200").inc()
-        if chat:
-            ch = {"index": 0, "message": {"role": "assistant", "content": res.text}, "logprobs": None,
-                  "finish_reason": res.finish_reason}
-        else:
-            ch = choice(res.text, res.finish_reason)
-        return {"id": rid, "object": obj, "created": created, "model": service.model_name, "choices": [ch],
-                "usage": usage()}
-
-    async def from_json(http: HTTPRequest, chat: bool):
-        try:
-            body = await http.json()
-        except Exception:  # noqa: BLE001
-            return error(400, "the body must be JSON")
-        return await run(http, body if isinstance(body, dict) else {}, chat)
+        return reply.whole()
 
     @app.post("/v1/completions")
     async def completions(http: HTTPRequest):
-        return await from_json(http, False)
+        return await run(http, False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(http: HTTPRequest):
-        return await from_json(http, True)
+        return await run(http, True)
 
     return app
+
+
+class Reply:
+    """The OpenAI response objects of one request: whole, streamed, or an error."""
+
+    def __init__(self, service: EdgeService, req: Request, res: Result, chat: bool, include_usage: bool) -> None:
+        self.service, self.req, self.res, self.chat, self.include_usage = service, req, res, chat, include_usage
+        self.rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.rid, "object": obj, "created": self.created, "model": self.service.model_name}
+
+    def usage(self) -> dict:
+        n = len(self.req.prompt_ids)
+        return {"prompt_tokens": n, "completion_tokens": self.res.completion_tokens,
+                "total_tokens": n + self.res.completion_tokens}
+
+    def choice(self, text: str | None, finish: str | None, first: bool = False) -> dict:
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant"} if first else {}
+            if text is not None:
+                delta["content"] = text
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+
+    def failed(self, endpoint: str):
+        from fastapi.responses import JSONResponse
+
+        r = self.res
+        self.service.metrics.requests.labels(endpoint, str(r.status)).inc()
+        return JSONResponse(error_body(r.error or "generation failed", r.error_type, None, r.error_code), r.status)
+
+    def whole(self) -> dict:
+        r = self.res
+        if self.chat:
+            ch = {"index": 0, "message": {"role": "assistant", "content": r.text}, "logprobs": None,
+                  "finish_reason": r.finish_reason}
+        else:
+            ch = self.choice(r.text, r.finish_reason)
+        obj = "chat.completion" if self.chat else "text_completion"
+        return {**self._head(obj), "choices": [ch], "usage": self.usage()}
+
+    def stream(self, endpoint: str, first: str | None, abort: asyncio.Event):
+        from fastapi.responses import StreamingResponse
+
+        head = self._head("chat.completion.chunk" if self.chat else "text_completion")
+        res, metrics = self.res, self.service.metrics
+
+        def event(obj: dict) -> str:
+            return f"data: {json.dumps(obj)}\n\n"
+
+        async def events():
+            try:
+                if self.chat:
+                    yield event({**head, "choices": [self.choice(None, None, True)]})
+                piece = first
+                while piece is not None:
+                    yield event({**head, "choices": [self.choice(piece, None)]})
+                    piece = await res.pieces.get()
+                if res.error:  # after the first token the status is sent: an error event says it
+                    yield event(error_body(res.error, res.error_type, None, res.error_code))
+                else:
+                    yield event({**head, "choices": [self.choice(None if self.chat else "", res.finish_reason)]})
+                    if self.include_usage:
+                        yield event({**head, "choices": [], "usage": self.usage()})
+                yield "data: [DONE]\n\n"
+                metrics.requests.labels(endpoint, "200" if not res.error else "200-stream-error").inc()
+            finally:
+                abort.set()  # client gone (or done): stop at the next round, free the cloud session
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -10,66 +10,24 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from rapid.server.background import BackgroundServer
-
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 
+from edge_stack import TOKEN, Daemon, expected_text  # noqa: E402
+
 from rapid.procs import free_port  # noqa: E402
 from rapid.runtime.engine_pool import EdgeService  # noqa: E402
 from rapid.runtime.generate import open_edge_model  # noqa: E402
-from rapid.runtime.openai_api import create_app  # noqa: E402
 from rapid.runtime.tree import TreeParams  # noqa: E402
 from rapid.sampling import SamplingParams  # noqa: E402
-from rapid.server.app import VerifierServer  # noqa: E402
 from rapid.server.target import reference_decode  # noqa: E402
-
-TOKEN = "edge-test-token"
-
-
-class Daemon:
-    def __init__(self, service: EdgeService) -> None:
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=self.port,
-                                                    log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        t0 = time.time()
-        while not self.server.started:
-            assert time.time() - t0 < 20, "daemon did not start"
-            time.sleep(0.05)
-        self.base = f"http://127.0.0.1:{self.port}"
-
-    def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-
-
-@pytest.fixture(scope="module")
-def stack(tiny_pair, tiny_dir):
-    target, _ = tiny_pair
-    folder = tiny_dir("target", seed=0, dtype="float64")
-    cloud = BackgroundServer(VerifierServer(target, token=TOKEN))
-    edges = [open_edge_model(folder, "torch", 1024) for _ in range(2)]
-    service = EdgeService(edges, cloud.url, token=TOKEN, tree=TreeParams(3, 8, 2, 2), model_name="tiny")
-    daemon = Daemon(service)
-    client = openai.OpenAI(base_url=f"{daemon.base}/v1", api_key="unused", max_retries=0, timeout=60)
-    yield target, edges[0].tokenizer, cloud, daemon, client
-    daemon.close()
-    cloud.close()
-
-
-def expected_text(target, tok, ids, max_tokens, sampling=None):
-    out = reference_decode(target, ids, max_tokens, sampling or SamplingParams(), (256,))
-    return tok.decode(out, skip_special_tokens=True), out
 
 
 def test_models_health_metrics(stack):
@@ -183,7 +141,8 @@ def test_rapid_edge_process_serves_and_stops_on_sigterm(stack, tiny_dir, tmp_pat
     env.pop("RAPID_TOKEN", None)
     proc = subprocess.Popen([sys.executable, "-m", "rapid.cli", "edge", "--draft", folder, "--backend", "torch",
                              "--cloud", cloud.url, "--token-file", str(tmp_path / "token"), "--listen",
-                             f"127.0.0.1:{port}", "--parallel", "1", "--capacity", "512"],
+                             f"127.0.0.1:{port}", "--parallel", "1", "--capacity", "512",
+                             "--temperature", "0", "--max-tokens", "3"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=30)
@@ -195,8 +154,11 @@ def test_rapid_edge_process_serves_and_stops_on_sigterm(stack, tiny_dir, tmp_pat
             except OSError:
                 assert proc.poll() is None and time.time() - t0 < 60, proc.stdout.read().decode()[-2000:]
                 time.sleep(0.2)
-        r = client.completions.create(model="x", prompt="hello", max_tokens=8, temperature=0)
+        r = client.completions.create(model="target", prompt="hello", max_tokens=8, temperature=0)
         assert r.choices[0].text == expected_text(target, tok, list(tok("hello")["input_ids"]), 8)[0]
+        r = client.completions.create(model="target", prompt="hello")  # the daemon's flags: greedy, 3 tokens
+        assert r.usage.completion_tokens == 3
+        assert r.choices[0].text == expected_text(target, tok, list(tok("hello")["input_ids"]), 3)[0]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
     finally:

@@ -97,3 +97,22 @@ def test_incomplete_character_is_held_back(tok):
     assert d.push([ord("b"), 0xF0, 0x9F]) == ""
     assert d.flush() == "b" + FFFD
     assert d.flush() == ""
+
+
+def test_decoding_work_is_linear_in_the_output(tok):
+    """Each push decodes a bounded window, not the whole sequence (it was quadratic)."""
+    decoded = []
+
+    class Counting:
+        def decode(self, ids, skip_special_tokens=True):
+            decoded.append(len(ids))
+            return tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    text = "streamed text with multi-byte characters: é ü € 😀 中文 " * 40
+    ids = list(text.encode("utf-8"))
+    d = Detokenizer(Counting())
+    pieces = [d.push([i]) for i in ids]
+    before_flush = sum(decoded)
+    pieces.append(d.flush())
+    assert "".join(pieces) == text
+    assert before_flush <= 12 * len(ids)  # a full re-decode per token would be ~len(ids)² / 2
