@@ -135,3 +135,25 @@ def open_engine(kind: str = "auto", source: str | os.PathLike[str] = "default-dr
     if options:
         raise EngineSelectError(f"options {sorted(options)} do not apply to the torch backend")
     return TorchEngine(decoder, capacity=capacity, device=device or "cpu")
+
+
+def share_engine(engine: Any) -> Any:
+    """Another engine over the same loaded weights with its own KV cache (``rapid edge
+    --parallel N`` holds one copy of the draft): torch engines share the module, ONNX Runtime
+    engines the ``InferenceSession`` (its ``run`` is thread-safe). A TensorRT engine's context is
+    its own buffers, so it is opened again from its export folder."""
+    if engine.info.backend == "torch":
+        from rapid.engines.torch_engine import TorchEngine
+
+        return TorchEngine(engine.model, capacity=engine.info.capacity, device=str(engine.device))
+    if engine.info.backend == "onnx":
+        from rapid.engines.ort_engine import OrtEngine
+
+        return OrtEngine(engine.export_dir, capacity=engine.info.capacity, kv_binding=engine.kv_binding,
+                         session=engine.session)
+    if engine.info.backend == "trt":
+        from rapid.engines.trt_engine import TrtEngine
+
+        ordinal = int(engine.info.device.split(":")[1].split()[0])  # "cuda:N (name)"
+        return TrtEngine(engine.export_dir, capacity=engine.info.capacity, device=ordinal)
+    raise EngineSelectError(f"cannot share a {engine.info.backend} engine")

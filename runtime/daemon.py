@@ -12,7 +12,7 @@ are the defaults of requests that leave them out. Clean shutdown on SIGTERM/SIGI
 accepting, finish in-flight requests up to ``--shutdown-timeout``).
 
 Concurrency: a draft engine holds one sequence's KV, so it serves one request at a time. The
-daemon opens ``--parallel`` engines (each its own weights + KV) and hands them out first come,
+daemon opens ``--parallel`` engines (one copy of the weights, a KV cache each) and hands them out first come,
 first served; further requests wait in FIFO order (fair). Each request has its own cloud session
 (its own ``CloudLink``, with reconnect/resume). A request whose client goes away is abandoned at
 the next round boundary: its link says ``Bye`` (the cloud frees the session's KV at once) and its
@@ -37,7 +37,7 @@ from rapid.auth import client_ssl_context, load_token
 from rapid.errors import RapidError
 from rapid.runtime.args import add_tree_args, tree_params
 from rapid.runtime.engine_pool import EdgeService
-from rapid.runtime.generate import open_edge_model
+from rapid.runtime.generate import open_edge_models
 from rapid.runtime.openai_api import create_app
 from rapid.runtime.openai_schema import RequestDefaults
 
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     if token is None:
         log.warning("no --token-file / RAPID_TOKEN: connecting to the cloud without a token")
     ssl = client_ssl_context(args.cloud, args.cafile)
-    edges = [open_edge_model(source, args.backend, args.capacity, args.threads) for _ in range(max(1, args.parallel))]
+    edges = open_edge_models(source, args.backend, args.capacity, args.threads, max(1, args.parallel))
     service = EdgeService(edges, args.cloud, policy=args.policy, tree=tree_params(args.depth, args.budget, args.topk, args.width),
                           token=token, ssl=ssl, model_name=args.model_name or os.path.basename(source.rstrip("/")),
                           link_options={"retry_timeout": args.retry_timeout,

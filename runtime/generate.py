@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rapid.engines.select import open_engine
+from rapid.engines.select import open_engine, share_engine
 from rapid.export.fast_draft import FAST_DRAFT, resolve_draft
 from rapid.manifest import is_export_dir
 from rapid.models import load_tokenizer
@@ -48,6 +48,14 @@ def open_edge_model(draft: str, engine: str = "auto", capacity: int = 2048, thre
         stop.add(tok.eos_token_id)
     log.info("draft engine: %s on %s", eng.info.backend, eng.info.device)
     return EdgeModel(eng, tok, tuple(sorted(stop)))
+
+
+def open_edge_models(draft: str, engine: str = "auto", capacity: int = 2048, threads: int = 1,
+                     n: int = 1) -> list[EdgeModel]:
+    """``n`` edge models over ONE copy of the draft's weights, each with its own KV cache
+    (``rapid.engines.select.share_engine``)."""
+    first = open_edge_model(draft, engine, capacity, threads)
+    return [first] + [EdgeModel(share_engine(first.engine), first.tokenizer, first.stop_ids) for _ in range(n - 1)]
 
 
 def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> list[int]:
