@@ -1,0 +1,107 @@
+"""The Python API of the edge: :class:`Edge` — a draft engine and a cloud verifier URL.
+
+    from rapid.runtime.api import Edge
+
+    edge = Edge("ws://127.0.0.1:8765", draft="default-draft-int4")
+    print(edge.generate("def fibonacci(n):", max_tokens=48).text)      # blocking
+
+    async for piece in edge.stream("Explain a hash map.", chat=True):  # inside a coroutine
+        print(piece, end="")
+
+Every call is one cloud session; the output is exactly what the target alone would emit
+(greedy, or sampling seeded by ``seed``). One ``Edge`` holds one engine, so its calls run one at
+a time (later ones wait); make several ``Edge`` objects — or run ``rapid edge --parallel N`` — for
+concurrency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from rapid.auth import client_ssl_context, load_token
+from rapid.runtime.args import tree_params
+from rapid.runtime.coordinator import CoordinatorConfig
+from rapid.runtime.generate import encode_prompt, generate_text, open_edge_model
+from rapid.runtime.link import CloudLink
+from rapid.runtime.telemetry import Summary
+from rapid.runtime.tree import TreeParams
+from rapid.sampling import SamplingParams
+
+
+@dataclass(slots=True)
+class Completion:
+    text: str
+    tokens: list[int]  # the generated token ids
+    stopped: bool  # ended on a stop token (else max_tokens)
+    summary: Summary  # rounds, acceptance, tok/s
+
+
+class _Pieces:
+    """A file-like sink (``write``/``flush``) that hands text pieces to an asyncio queue."""
+
+    def __init__(self, queue: asyncio.Queue) -> None:
+        self.queue = queue
+
+    def write(self, piece: str) -> None:
+        self.queue.put_nowait(piece)
+
+    def flush(self) -> None:
+        pass
+
+
+class Edge:
+    """See the module docstring. ``token`` (else ``$RAPID_TOKEN``) and ``cafile`` as for
+    ``rapid edge``; ``tree`` and ``policy`` as the CLI's ``--depth/--budget/...`` and ``--policy``."""
+
+    def __init__(self, cloud: str, draft: str = "default-draft-int4", *, backend: str = "auto",
+                 capacity: int = 2048, threads: int = 1, policy: str = "rapid", tree: TreeParams | None = None,
+                 token: str | None = None, cafile: str | None = None) -> None:
+        self.cloud, self.policy = cloud, policy
+        self.tree = tree or tree_params(4, "auto", 2, 2)  # the CLI's defaults
+        self.token = token if token is not None else load_token(None)
+        self.ssl = client_ssl_context(cloud, cafile)
+        self.model = open_edge_model(draft, backend, capacity, threads)
+        self._lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+
+    @property
+    def tokenizer(self):
+        return self.model.tokenizer
+
+    def generate(self, prompt: str | list[int], *, max_tokens: int = 64, chat: bool = False,
+                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0) -> Completion:
+        """Blocking: the whole completion (not from inside a running event loop: use ``agenerate``)."""
+        return asyncio.run(self.agenerate(prompt, max_tokens=max_tokens, chat=chat, temperature=temperature,
+                                          top_p=top_p, top_k=top_k, seed=seed))
+
+    async def agenerate(self, prompt: str | list[int], *, max_tokens: int = 64, chat: bool = False,
+                        temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+                        _sink=None) -> Completion:
+        """The whole completion, awaited; ``prompt`` is text (``chat``: wrapped in the chat
+        template) or token ids."""
+        ids = list(prompt) if isinstance(prompt, list) else encode_prompt(self.tokenizer, prompt, chat)
+        sampling = SamplingParams(temperature, top_p, top_k, seed)
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock[0] is not loop:  # an asyncio.Lock belongs to one loop
+            self._lock = (loop, asyncio.Lock())
+        async with self._lock[1]:  # one engine: one generation at a time
+            link = CloudLink(self.cloud, token=self.token, ssl=self.ssl)
+            gen, text = await generate_text(self.model, self.cloud, ids, policy=self.policy, max_new=max_tokens,
+                                            sampling=sampling, tree=self.tree,
+                                            config=CoordinatorConfig(depth=self.tree.depth), stream=_sink, link=link)
+        return Completion(text, gen.tokens, gen.stopped, gen.summary)
+
+    async def stream(self, prompt: str | list[int], **kw) -> AsyncIterator[str]:
+        """Text pieces as the cloud commits tokens (same keywords as ``agenerate``)."""
+        queue: asyncio.Queue = asyncio.Queue()
+        task = asyncio.ensure_future(self.agenerate(prompt, _sink=_Pieces(queue), **kw))
+        task.add_done_callback(lambda _: queue.put_nowait(None))
+        try:
+            while (piece := await queue.get()) is not None:
+                yield piece
+            task.result()  # re-raise a failure after the pieces that did arrive
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
