@@ -4,12 +4,15 @@ Every websocket message is one binary msgpack map with a type tag ``t``; integer
 as little-endian int32 bytes. A tree is its tokens and parent indices (-1 = the root, the last
 committed token), never a dense mask.
 
-    edge → cloud   Hello(v, prompt, sampling, max_nodes, session?)   open or resume a session
+    edge → cloud   Hello(v, prompt, sampling, max_nodes, session?, tokenizer)   open or resume
                    Tree(round, tokens, parents)                        verify these drafts
                    Bye()
-    cloud → edge   Ready(session, vocab_size, capacity, max_nodes, committed, flat_nodes)
+    cloud → edge   Ready(session, vocab_size, capacity, max_nodes, committed, flat_nodes, tokenizer)
                    VerdictFrame(round, path, bonus, committed, verify_s)
                    ErrorFrame(code, reason, round?)                    the round / session failed
+
+``tokenizer`` is ``rapid.vocab.fingerprint`` of each side's tokenizer ("" = not known); a side
+that knows both refuses a mismatch (``incompatible``).
 
 ``decode`` never raises anything but ``WireError`` (with a machine-readable ``code``), whatever
 bytes it is given.
@@ -47,6 +50,7 @@ class Hello:
     seed: int = 0
     max_nodes: int = 64
     session: str | None = None  # resume this session id when given
+    tokenizer: str = ""  # rapid.vocab.fingerprint of the edge's tokenizer ("" = not checked)
     v: int = PROTOCOL_VERSION
     T = "hello"
 
@@ -59,6 +63,7 @@ class Ready:
     max_nodes: int
     committed: int
     flat_nodes: int = 0  # tree nodes the cloud verifies at about one step's cost (0 = not measured)
+    tokenizer: str = ""  # rapid.vocab.fingerprint of the target's tokenizer ("" = not known)
     T = "ready"
 
 
@@ -103,7 +108,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "temperature": (float, int), "top_p": (float, int), "verify_s": (float, int),
     "top_k": (int,), "seed": (int,), "max_nodes": (int,), "v": (int,), "round": (int,),
     "bonus": (int,), "committed": (int,), "flat_nodes": (int,), "vocab_size": (int,), "capacity": (int,),
-    "session": (str,), "code": (str,), "reason": (str,)
+    "session": (str,), "code": (str,), "reason": (str,), "tokenizer": (str,),
 }
 
 

@@ -86,7 +86,7 @@ class Edge:
         if self._lock is None or self._lock[0] is not loop:  # an asyncio.Lock belongs to one loop
             self._lock = (loop, asyncio.Lock())
         async with self._lock[1]:  # one engine: one generation at a time
-            link = CloudLink(self.cloud, token=self.token, ssl=self.ssl)
+            link = CloudLink(self.cloud, token=self.token, ssl=self.ssl, tokenizer=self.model.fingerprint)
             gen, text = await generate_text(self.model, self.cloud, ids, policy=self.policy, max_new=max_tokens,
                                             sampling=sampling, tree=self.tree,
                                             config=CoordinatorConfig(depth=self.tree.depth), stream=_sink, link=link)

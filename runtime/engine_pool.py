@@ -158,7 +158,7 @@ class EdgeService:
         finally:
             self.metrics.waiting.dec()
         self.metrics.active.inc()
-        link = CloudLink(self.cloud, token=self.token, ssl=self.ssl, **self.link_options)
+        link = CloudLink(self.cloud, token=self.token, ssl=self.ssl, tokenizer=edge.fingerprint, **self.link_options)
         detok = Detokenizer(self.tokenizer)
         full, sent = "", 0
         hold = max((len(s) for s in req.stop), default=1) - 1

@@ -20,6 +20,7 @@ from rapid.runtime.link import CloudLink
 from rapid.runtime.telemetry import write_jsonl
 from rapid.runtime.tree import TreeParams
 from rapid.sampling import SamplingParams
+from rapid.vocab import fingerprint
 
 log = logging.getLogger("rapid.edge")
 
@@ -29,6 +30,7 @@ class EdgeModel:
     engine: Any
     tokenizer: Any
     stop_ids: tuple[int, ...]
+    fingerprint: str = ""  # rapid.vocab.fingerprint(tokenizer): checked against the cloud's at Hello
 
 
 def open_edge_model(draft: str, engine: str = "auto", capacity: int = 2048, threads: int = 1) -> EdgeModel:
@@ -47,7 +49,7 @@ def open_edge_model(draft: str, engine: str = "auto", capacity: int = 2048, thre
     if getattr(tok, "eos_token_id", None) is not None:
         stop.add(tok.eos_token_id)
     log.info("draft engine: %s on %s", eng.info.backend, eng.info.device)
-    return EdgeModel(eng, tok, tuple(sorted(stop)))
+    return EdgeModel(eng, tok, tuple(sorted(stop)), fingerprint(tok))
 
 
 def open_edge_models(draft: str, engine: str = "auto", capacity: int = 2048, threads: int = 1,
@@ -55,7 +57,8 @@ def open_edge_models(draft: str, engine: str = "auto", capacity: int = 2048, thr
     """``n`` edge models over ONE copy of the draft's weights, each with its own KV cache
     (``rapid.engines.select.share_engine``)."""
     first = open_edge_model(draft, engine, capacity, threads)
-    return [first] + [EdgeModel(share_engine(first.engine), first.tokenizer, first.stop_ids) for _ in range(n - 1)]
+    return [first] + [EdgeModel(share_engine(first.engine), first.tokenizer, first.stop_ids, first.fingerprint)
+                      for _ in range(n - 1)]
 
 
 def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> list[int]:
@@ -77,7 +80,8 @@ async def generate_text(edge: EdgeModel, cloud: str, prompt_ids: list[int], *, p
     sees every batch of newly committed token ids."""
     sampling = sampling or SamplingParams()
     tree = tree or TreeParams()
-    coord = assemble(edge.engine, tree, edge.stop_ids, link or cloud, policy, config)
+    link = link or CloudLink(cloud, tokenizer=edge.fingerprint)
+    coord = assemble(edge.engine, tree, edge.stop_ids, link, policy, config)
     detok = Detokenizer(edge.tokenizer)
     pieces: list[str] = []
 

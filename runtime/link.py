@@ -82,7 +82,7 @@ class CloudLink:
     def __init__(self, url: str, open_timeout: float = 10.0, delay_s: float = 0.0, *, token: str | None = None,
                  ssl=None, retry_timeout: float = 30.0, max_retry_s: float = 60.0, backoff_s: float = 0.05,
                  backoff_max_s: float = 2.0, reconnect: bool = True, rng: random.Random | None = None,
-                 verdict_timeout_s: float = 120.0) -> None:
+                 verdict_timeout_s: float = 120.0, tokenizer: str = "") -> None:
         if verdict_timeout_s <= 0:
             raise ValueError(f"verdict_timeout_s must be > 0, got {verdict_timeout_s}")
         self.url = url
@@ -95,6 +95,7 @@ class CloudLink:
         self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
         self.reconnect = reconnect
         self.verdict_timeout_s = verdict_timeout_s  # hard cap on one round's wait (module docstring)
+        self.tokenizer = tokenizer  # rapid.vocab.fingerprint of the edge's tokenizer ("" = unchecked)
         self._slowest = 0.0  # slowest verdict of this session (seconds from send_tree)
         self._sent_at = 0.0
         self._rng = rng or random.Random()
@@ -190,6 +191,10 @@ class CloudLink:
                     raise _Lost(f"{frame.code}: {frame.reason}")
                 raise CloudError(frame.code, frame.reason)
             # anything else (a stray duplicate) is ignored
+        if self.tokenizer and frame.tokenizer and frame.tokenizer != self.tokenizer:
+            await self._send(encode(Bye()))
+            raise CloudError("incompatible", f"the cloud's target speaks another tokenizer (fingerprint {frame.tokenizer}, "
+                                             f"the draft's is {self.tokenizer}): use a draft of the target's family")
         ahead = frame.committed - len(self.committed)
         pending_room = 0 if self._pending is None else len(self._pending.tokens) + 1
         if ahead < 0 or ahead > pending_room:  # the cloud's session disagrees with us: start afresh
@@ -235,7 +240,7 @@ class CloudLink:
     # -- the coordinator's interface -----------------------------------------------------------
 
     async def open(self, hello: Hello) -> Ready:
-        self._hello = hello
+        self._hello = dataclasses.replace(hello, tokenizer=self.tokenizer) if self.tokenizer else hello
         self._closed = False
         self.committed = list(hello.prompt)
         self._pending = None

@@ -59,8 +59,9 @@ class VerifierServer:
     def __init__(self, model: Decoder, limits: Limits | None = None,
                  answer_delay: Callable[[], float] | None = None, *, token: str | None = None,
                  batch_window_ms: float = 0.0, max_batch: int = 1, verify_mode: str = "tree",
-                 flat_nodes: int = 0) -> None:
+                 flat_nodes: int = 0, tokenizer: str = "") -> None:
         self.model = model
+        self.tokenizer = tokenizer  # rapid.vocab.fingerprint of the target's tokenizer ("" = unchecked)
         self.flat_nodes = flat_nodes  # told to edges in Ready (server.verify_curve.flat_nodes)
         self.verify_mode = verify_mode  # "tree" or "sequential" (rapid.server.target)
         self.answer_delay = answer_delay  # seconds to hold each verdict (transport-delay emulation)
@@ -157,6 +158,9 @@ class VerifierServer:
     async def _hello(self, h: Hello, sid, ws):
         if sid is not None:
             return self._error("bad_state", "this connection already has a session"), sid
+        if self.tokenizer and h.tokenizer and h.tokenizer != self.tokenizer:
+            return self._error("incompatible", f"the edge's tokenizer (fingerprint {h.tokenizer}) is not the "
+                                               f"target's ({self.tokenizer}): use a draft of the target's family"), sid
         try:
             params = SamplingParams(h.temperature, h.top_p, h.top_k, h.seed)
         except (ValueError, RapidError) as e:
@@ -173,7 +177,7 @@ class VerifierServer:
                 self._refresh_gauges()
                 log.info("session %s resumed at %d committed tokens", e.sid, len(e.session.tokens))
                 return Ready(e.sid, self.model.config.vocab_size, e.session.capacity, e.session.max_nodes,
-                             len(e.session.tokens), self.flat_nodes), e.sid
+                             len(e.session.tokens), self.flat_nodes, self.tokenizer), e.sid
             kind = "reprefilled"  # the cloud lost it (restart, expiry): prefill the committed tokens
         if not self.sessions.make_room():
             return self._error("busy", f"the server is at its limit of {self.limits.max_sessions} sessions; retry later"), sid
@@ -191,7 +195,7 @@ class VerifierServer:
         self._refresh_gauges()
         log.info("session %s (%s): prompt of %d tokens", sid, kind, len(h.prompt))
         return Ready(sid, self.model.config.vocab_size, session.capacity, max_nodes, len(session.tokens),
-                     self.flat_nodes), sid
+                     self.flat_nodes, self.tokenizer), sid
 
     async def _verify(self, entry: Entry, t: Tree):
         t0 = time.perf_counter()

@@ -11,6 +11,7 @@ from rapid.server.app import VerifierServer, serve_forever
 from rapid.server.invariance import probe
 from rapid.server.sessions import Limits
 from rapid.server.verify_curve import FLAT_TOLERANCE, curve_line, flat_nodes, measure_curve
+from rapid.vocab import fingerprint
 
 log = logging.getLogger("rapid.server")
 FLAT_PROBE_TOKENS = (1, 4, 8, 16, 32)  # the verify-curve points measured at start-up
@@ -73,11 +74,11 @@ def run_serve(target: str, host: str, port: int, threads: int = 1, dtype: str = 
     token = load_token(token_file)
     ssl_ctx = server_ssl_context(cert, key)
     log.info("loading target %s (%s, %d thread(s))", target, dtype, threads)
-    model, _ = load_target(target, dtype, threads, device)
+    model, tokenizer = load_target(target, dtype, threads, device)
     mode = choose_verify_mode(model, verify)
     server = VerifierServer(model, Limits(max_sessions, max_context, max_nodes, grace, idle_timeout), token=token,
                             batch_window_ms=batch_window_ms, max_batch=max_batch, verify_mode=mode,
-                            flat_nodes=measured_flat_nodes(model, mode))
+                            flat_nodes=measured_flat_nodes(model, mode), tokenizer=fingerprint(tokenizer))
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -19,7 +19,7 @@ FOLDERS = {"export": "rapid.export", "engines": "rapid.engines", "runtime": "rap
            "server": "rapid.server", "bench": "rapid.bench"}
 # the torch-free core both sides share (rapid/<name>.py)
 CORE = {"rapid", "rapid.acceptance", "rapid.auth", "rapid.errors", "rapid.geometry", "rapid.manifest",
-        "rapid.procs", "rapid.sampling", "rapid.trt_support", "rapid.wire"}
+        "rapid.procs", "rapid.sampling", "rapid.trt_support", "rapid.vocab", "rapid.wire"}
 LAYERS = tuple(FOLDERS.values())
 FORBIDDEN = {
     "rapid.runtime": ("rapid.server",),
