@@ -152,6 +152,8 @@ class EdgeService:
 
     async def _generate(self, req: Request, res: Result, abort: asyncio.Event) -> None:
         pool = self.pool()
+        t_start = time.perf_counter()
+        self.metrics.prompt_tokens.inc(len(req.prompt_ids))
         self.metrics.waiting.inc()
         try:
             edge = await pool.get()
@@ -166,6 +168,8 @@ class EdgeService:
         def emit(upto: int) -> None:
             nonlocal sent
             if upto > sent:
+                if sent == 0:
+                    self.metrics.ttft.observe(time.perf_counter() - t_start)
                 res.pieces.put_nowait(full[sent:upto])
                 sent = upto
 
@@ -206,7 +210,7 @@ class EdgeService:
                 res.finish_reason = "stop" if gen.stopped else "length"
                 if check(True):
                     res.finish_reason = "stop"
-                self.metrics.observe(gen.records, link.stats)
+                self.metrics.observe(gen.records, link.stats, str(self.edges.index(edge)))
         except RapidError as e:
             res.error = str(e)
             res.status, res.error_type, res.error_code = http_error(e)
@@ -222,4 +226,5 @@ class EdgeService:
                 self.metrics.active.dec()
                 res.text = full[:sent] if res.finish_reason in ("stop", "abandoned") else full
                 self.metrics.tokens.inc(res.completion_tokens)
+                self.metrics.e2e.observe(time.perf_counter() - t_start)
                 res.pieces.put_nowait(None)

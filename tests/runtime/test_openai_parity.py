@@ -132,3 +132,13 @@ def test_health_follows_the_cloud_and_a_failed_stream_gets_its_status(stack, tin
         assert 'rapid_edge_requests_total{endpoint="completions",status="502"} 1.0' in metrics
     finally:
         daemon.close()
+
+
+def test_metrics_have_latency_tokens_process_and_per_engine_gauges(stack):
+    client, base = stack[4], stack[3].base
+    client.completions.create(model="tiny", prompt="count me", max_tokens=5, temperature=0)
+    text = httpx.get(base + "/metrics").text
+    for name in ("rapid_edge_time_to_first_token_seconds_count", "rapid_edge_e2e_request_latency_seconds_count",
+                 "rapid_edge_prompt_tokens_total", "process_resident_memory_bytes", 'rapid_edge_esr{engine="'):
+        assert name in text, name
+    assert "_created" not in text
