@@ -7,29 +7,28 @@ pure: no clocks, no I/O. The caller measures durations and passes them in.
 
 Control law (``c`` = :class:`CAACConfig`; ``L_base`` = ``initial_depth``)
 ----------------------------------------------------------------------------
-Physical path, per expansion step (``observe_step(seconds, tokens)``)::
+Physical path, per expansion step (``observe_step(seconds, tokens)``; the formulas of
+``ESR`` and of the per-size step baselines ``tau_hat(T)`` are in :mod:`rapid.runtime.step_cost`)::
 
-    tau_cur  = max(seconds / tokens, tau_floor)
-    tau_fast <- tau_fast + alpha_fast * (tau_cur - tau_fast)   # first sample: tau_fast = tau_cur
-    tau_slow <- tau_fast                                        # while steps <= n_warmup
-    tau_slow <- tau_slow + r * (tau_cur - tau_slow)             # afterwards, with
-    r = alpha_slow       if tau_fast / tau_slow <= band_hi     # normal band (or faster)
-      = alpha_slow_hold  otherwise                             # hysteresis: near-frozen
-    ESR = tau_fast / tau_slow
+    r   = max(seconds, tau_floor * T) / tau_hat(T)    # slowdown against a step of the same size
+    ESR = EMA(r) at alpha_fast (1 while steps < n_warmup); tau_hat(T) held above band_hi
     eta = 1                                            if steps < n_warmup or ESR <= band_hi
         = clamp((band_hi / ESR) ** gamma, eta_min, 1)  otherwise
 
-``eta`` is continuous at ``band_hi``; with ``gamma = 1`` it keeps ``L * tau`` (the drafting
-time per round) roughly constant above the band. Baseline absorption: under a sustained
-slowdown ``s = tau_after / tau_before`` the baseline moves at ``alpha_slow_hold`` until ESR
-re-enters the band, which takes ``n = ln((s - 1) / (s * (1 - 1/band_hi))) / -ln(1 -
-alpha_slow_hold)`` steps, never more than ``ln(band_hi / (band_hi - 1)) / alpha_slow_hold``
-(~1800 steps with the defaults; ~1100 for ``s = 2``, i.e. ~275 rounds of 4 steps, tens of
-seconds at 20-50 ms per step). From then on ``eta = 1``: a permanent change of machine is
-punished for a bounded time (the depth itself is back once ``eta * B_hat`` rounds to it, e.g.
-~150 rounds for ``s = 2`` at depth 4), while a contention episode shorter than that keeps the
-gate closed. Slow drifts that stay inside the band are followed at ``alpha_slow`` (that is
-a change of machine state, not congestion).
+A change of step size is not a slowdown: tokens per step vary inside every round (prefill, 1-2
+pending tokens, the root b*, frontier steps of up to ``width``), and on a GPU, a Jetson or a
+bf16 CPU a step costs about the same whatever its size, so seconds per token swing ``width``-fold
+within a round.
+
+``eta`` is continuous at ``band_hi``; with ``gamma = 1`` it keeps ``L * s`` (the drafting time
+per round) roughly constant above the band. Baseline absorption: under a sustained slowdown
+``x = s_after / s_before`` each class moves at ``alpha_slow_hold`` until ESR re-enters the
+band, which takes ``n = ln((x - 1) / (x * (1 - 1/band_hi))) / -ln(1 - alpha_slow_hold)``
+steps of that class, never more than ``ln(band_hi / (band_hi - 1)) / alpha_slow_hold`` (~1800
+with the defaults; ~1100 for ``x = 2``, ~275 rounds of 4 steps, tens of seconds at 20-50 ms per
+step). From then on ``eta = 1``: a permanent change of machine is punished for a bounded time,
+while a contention episode shorter than that keeps the gate closed. Slow drifts that stay
+inside the band (a growing context) are followed at ``alpha_slow``.
 
 Logical path, per round (``observe_round(accepted, depth, cloud_seconds)``)::
 
@@ -54,8 +53,8 @@ Fusion and time cap (``next_depth(proactive)``)::
 
     L = clamp(round_half_up(eta * B_hat), min_depth, max_depth)
     if proactive and time_cap and cloud EMA known:        # separate, switchable step
-        C = EMA(cloud_seconds) with alpha_cloud;  T_hat = EMA(tokens per step) with alpha_fast
-        L = min(L, max(min_depth, floor(C / (tau_fast * T_hat))))
+        C = EMA(cloud_seconds) with alpha_cloud
+        L = min(L, max(min_depth, floor(C / tau_fast)))       # tau_fast: seconds per step now
 
 With proactive drafting the edge drafts the next tree while the cloud verifies, so drafting
 longer than one cloud response (RTT + verify) makes the edge the bottleneck.
@@ -66,17 +65,22 @@ with ``depth < 1``, ``accepted < 0`` or non-integral values (``accepted > depth`
 and a ``cloud_seconds`` that fails the duration test. Ignored inputs are counted in
 :meth:`CAAC.snapshot`. Every output is finite and the depth stays in [min_depth, max_depth].
 
-Defaults (the test scenarios in tests/runtime/test_caac.py are the calibration):
-alpha_fast=0.3 (2x slowdown shows as ESR > 1.2 after one step and ~1.8 after one round of
-4 steps), alpha_slow=0.01 (~100-step baseline in the band), alpha_slow_hold=0.001 (bounds
-absorption as above; after 50 rounds of a 2x slowdown ESR is still ~1.7), n_warmup=8 (two
-rounds of 4), band_hi=1.2 (jitter of a shared edge CPU/GPU stays below 20 %), gamma=1 (keep
-draft time per round constant), eta_min=0.25 (never cut below a quarter), alpha_acc=0.3
-(acceptance memory of ~3 rounds), target_acceptance=0.65 (for per-token acceptance p the
-depth settles where the deepest drafted token still has ~45-50 % acceptance), kp=4 (all
-accepted: +1.4, none accepted: -2.6 depth immediately), ki=0.75 (all accepted reaches depth 8
-in ~11 rounds; 0.5 dithers over 6-8 at p = 0.9), kd=0.5 (mild damping of the acceptance EMA),
-alpha_cloud=0.3 (RTT jitter smoothed over ~3 rounds), tau_floor=1e-9 s/token and
+Defaults (the test scenarios in tests/runtime/test_caac.py and test_caac_devices.py are the
+calibration): alpha_fast=0.5 (an ``x``-fold slowdown reads ESR = 1 + (x - 1)(1 - (1 -
+alpha_fast)^k) after k steps: a 2x slowdown closes the gate after one step, and after it ends
+the gate reopens after 3 steps ((1 - alpha_fast)^3 = 0.125 <= (band_hi - 1) / (x - 1) = 0.2),
+i.e. within 3 rounds even at depth 1; 0.3 needs 5. In the band ESR's noise is sigma * sqrt(
+alpha_fast / (2 - alpha_fast)) = 0.58 sigma for a per-step jitter sigma: 10 % jitter puts band_hi
+3.5 sigma away), alpha_slow=0.01 (a class averages its first 100 steps, then a ~100-step EMA in
+the band), alpha_slow_hold=0.001 (bounds absorption as above; after 50 rounds of a 2x slowdown
+ESR is still ~1.7), n_warmup=8 (two rounds of 4), band_hi=1.2 (jitter of a shared edge CPU/GPU
+stays below 20 %), gamma=1 (keep draft time per round constant), eta_min=0.25 (never cut below
+a quarter), max_classes=32 (the step sizes of a round are 1..width plus the prefills of recent
+prompts), alpha_acc=0.3 (acceptance memory of ~3 rounds), target_acceptance=0.65 (for per-token
+acceptance p the depth settles where the deepest drafted token still has ~45-50 % acceptance),
+kp=4 (all accepted: +1.4, none accepted: -2.6 depth immediately), ki=0.75 (all accepted reaches
+depth 8 in ~11 rounds; 0.5 dithers over 6-8 at p = 0.9), kd=0.5 (mild damping of the acceptance
+EMA), alpha_cloud=0.3 (RTT jitter smoothed over ~3 rounds), tau_floor=1e-9 s/token and
 max_seconds=3600 (physical limits, only guard against garbage), min/max_depth=1/8.
 """
 
@@ -86,9 +90,11 @@ import math
 from dataclasses import dataclass, fields
 from typing import Protocol
 
+from rapid.runtime.step_cost import Slowdown
+
 __all__ = ["CAAC", "CAACConfig", "CAACDecision", "DepthController", "FixedDepth"]
 
-_INT_FIELDS = ("min_depth", "max_depth", "n_warmup")
+_INT_FIELDS = ("min_depth", "max_depth", "n_warmup", "max_classes")
 
 
 @dataclass(slots=True, frozen=True)
@@ -97,14 +103,15 @@ class CAACConfig:
 
     min_depth: int = 1  # lowest depth ever returned
     max_depth: int = 8  # highest depth ever returned
-    alpha_fast: float = 0.3  # EMA rate of tau_fast and of the tokens-per-step estimate
-    alpha_slow: float = 0.01  # EMA rate of the baseline tau_slow while ESR <= band_hi
+    alpha_fast: float = 0.5  # EMA rate of ESR (and of tau_fast, tau_slow, tokens per step)
+    alpha_slow: float = 0.01  # rate of each class baseline tau_hat(T) while ESR <= band_hi
     alpha_slow_hold: float = 0.001  # baseline rate while ESR > band_hi (hysteresis)
-    n_warmup: int = 8  # steps before the gate may act; tau_slow tracks tau_fast until then
+    n_warmup: int = 8  # steps before the gate may act; ESR stays 1 until then
+    max_classes: int = 32  # tokens-per-step classes kept by the step baseline
     band_hi: float = 1.2  # top of the normal ESR band (eta = 1 inside)
     gamma: float = 1.0  # gate exponent: eta = (band_hi / ESR) ** gamma above the band
     eta_min: float = 0.25  # floor of the gate
-    tau_floor: float = 1e-9  # s/token; smaller measured per-token times are raised to this
+    tau_floor: float = 1e-9  # s/token; a step of T tokens counts at least tau_floor * T seconds
     max_seconds: float = 3600.0  # durations above this are ignored as non-physical
     alpha_acc: float = 0.3  # EMA rate of the acceptance ratio accepted / depth
     target_acceptance: float = 0.65  # PID set point A*
@@ -137,6 +144,7 @@ class CAACConfig:
              "need 0 < alpha_slow_hold <= alpha_slow < alpha_fast <= 1, got "
              f"{self.alpha_slow_hold}, {self.alpha_slow}, {self.alpha_fast}")
         need(self.n_warmup >= 0, f"n_warmup must be >= 0, got {self.n_warmup}")
+        need(self.max_classes >= 1, f"max_classes must be >= 1, got {self.max_classes}")
         need(self.band_hi >= 1, f"band_hi must be >= 1, got {self.band_hi}")
         need(self.gamma > 0, f"gamma must be > 0, got {self.gamma}")
         need(0 < self.eta_min <= 1, f"eta_min must be in (0, 1], got {self.eta_min}")
@@ -210,9 +218,7 @@ class CAAC:
             raise ValueError(f"initial_depth must be an int in [{c.min_depth}, "
                              f"{c.max_depth}], got {initial_depth!r}")
         self.base_depth = d
-        self._steps = 0
-        self._tau_cur = self._tau_fast = self._tau_slow = 0.0
-        self._tokens_per_step = 0.0
+        self._phys = Slowdown(c)  # the physical path (runtime.step_cost)
         self._rounds = 0
         self._acc = c.target_acceptance
         self._err = 0.0
@@ -233,41 +239,23 @@ class CAAC:
     # ---- physical path -------------------------------------------------------------
     def observe_step(self, seconds: float, tokens: int) -> None:
         """Record one complete draft expansion step that fed ``tokens`` tokens."""
-        c = self.config
         n = _as_int(tokens)
         if n is None or n < 1 or not self._duration_ok(seconds):
             self._ignored_steps += 1
             return
-        tau = max(float(seconds) / n, c.tau_floor)
-        self._tau_cur = tau
-        if self._steps == 0:
-            self._tau_fast = self._tau_slow = tau
-            self._tokens_per_step = float(n)
-        else:
-            self._tau_fast += c.alpha_fast * (tau - self._tau_fast)
-            self._tokens_per_step += c.alpha_fast * (n - self._tokens_per_step)
-            if self._steps < c.n_warmup:
-                self._tau_slow = self._tau_fast
-            else:
-                in_band = self._tau_fast <= c.band_hi * self._tau_slow
-                rate = c.alpha_slow if in_band else c.alpha_slow_hold
-                self._tau_slow += rate * (tau - self._tau_slow)
-        self._tau_slow = max(self._tau_slow, c.tau_floor)
-        self._steps += 1
+        self._phys.observe(float(seconds), n)
 
     def _gate(self) -> tuple[float, float]:
         """(esr, eta) from the current physical state."""
         c = self.config
-        if self._steps == 0:
-            return 1.0, 1.0
-        esr = self._tau_fast / self._tau_slow
-        if self._steps < c.n_warmup or esr <= c.band_hi:
+        esr = self._phys.esr
+        if self._phys.steps < c.n_warmup or esr <= c.band_hi:
             return esr, 1.0
         return esr, min(1.0, max(c.eta_min, (c.band_hi / esr) ** c.gamma))
 
     def new_request(self) -> None:
         """Start a new generation: reset the logical path (acceptance EMA, PID state), keep the
-        physical path (``tau_fast``/``tau_slow``, tokens per step) and the cloud EMA.
+        physical path (ESR, the per-size step baselines, the taus) and the cloud EMA.
 
         The latency baseline describes the device, not the prompt: a long-lived edge daemon
         that carries it across requests notices contention that began before the request did.
@@ -317,9 +305,9 @@ class CAAC:
     def _time_cap(self) -> int | None:
         """The time-budget depth cap, or None while unknown / not binding."""
         c = self.config
-        if self._cloud <= 0.0 or self._steps == 0:
+        if self._cloud <= 0.0 or self._phys.steps == 0:
             return None
-        budget = self._cloud / (self._tau_fast * self._tokens_per_step)
+        budget = self._cloud / self._phys.tau_fast
         if not math.isfinite(budget) or budget >= c.max_depth:
             return None
         return max(c.min_depth, math.floor(budget + 1e-9))
@@ -339,8 +327,9 @@ class CAAC:
 
     def _decision(self, depth: int, esr: float, eta: float, b_hat: float,
                   capped: bool) -> CAACDecision:
-        return CAACDecision(depth=int(depth), tau_cur=self._tau_cur, tau_fast=self._tau_fast,
-                            tau_slow=self._tau_slow, esr=esr, eta=eta, acceptance=self._acc,
+        ph = self._phys
+        return CAACDecision(depth=int(depth), tau_cur=ph.tau_cur, tau_fast=ph.tau_fast,
+                            tau_slow=ph.tau_slow, esr=esr, eta=eta, acceptance=self._acc,
                             b_hat=b_hat, capped_by_time=capped)
 
     def snapshot(self) -> dict:
@@ -349,16 +338,17 @@ class CAAC:
         cap = self._time_cap()
         return {
             "policy": type(self).__name__,
-            "steps": self._steps,
+            "steps": self._phys.steps,
             "rounds": self._rounds,
             "ignored_steps": self._ignored_steps,
             "ignored_rounds": self._ignored_rounds,
-            "tau_cur": self._tau_cur,
-            "tau_fast": self._tau_fast,
-            "tau_slow": self._tau_slow,
+            "tau_cur": self._phys.tau_cur,
+            "tau_fast": self._phys.tau_fast,
+            "tau_slow": self._phys.tau_slow,
             "esr": esr,
             "eta": eta,
-            "tokens_per_step": self._tokens_per_step,
+            "tokens_per_step": self._phys.tokens_per_step,
+            "step_classes": len(self._phys.baseline),
             "acceptance": self._acc,
             "error": self._err,
             "integral": self._integral,

@@ -14,9 +14,9 @@ class RoundRecord:
     policy: str
     depth: int  # planned depth L_i
     tree_nodes: int
-    tau_cur: float = 0.0
-    tau_fast: float = 0.0
-    tau_slow: float = 0.0
+    tau_cur: float = 0.0  # seconds of the last draft step (CAAC, runtime.step_cost)
+    tau_fast: float = 0.0  # EMA of step seconds
+    tau_slow: float = 0.0  # EMA of the same steps' uncontended baselines
     esr: float = 1.0
     eta: float = 1.0
     acceptance: float = 0.0

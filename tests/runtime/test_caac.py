@@ -101,12 +101,12 @@ def test_permanent_slowdown_is_absorbed_in_bounded_time():
     assert ctl.next_depth().depth == 4
 
 
-def test_warmup_gate_open_and_baseline_tracks():
+def test_warmup_gate_open_then_a_spike_closes_it():
     ctl = CAAC(CAACConfig(n_warmup=8))
     for i in range(8):
         ctl.observe_step((1 + 3 * i) * TAU * TOK, TOK)  # steadily slower during warm-up
         d = ctl.next_depth()
-        assert d.eta == 1.0 and d.tau_slow == d.tau_fast and d.depth == 4
+        assert d.eta == 1.0 and d.esr == 1.0 and d.depth == 4
     ctl.observe_step(100 * TAU * TOK, TOK)  # after warm-up a spike closes the gate
     assert ctl.next_depth().eta < 1.0
 
@@ -275,13 +275,13 @@ def test_next_depth_is_pure_and_snapshot_serializable():
 
 @pytest.mark.parametrize("kwargs", [
     {"min_depth": 0}, {"min_depth": 5, "max_depth": 4}, {"max_depth": 8.0},
-    {"alpha_fast": 0.0}, {"alpha_fast": 1.5}, {"alpha_slow": 0.3},
+    {"alpha_fast": 0.0}, {"alpha_fast": 1.5}, {"alpha_slow": 0.6},
     {"alpha_slow_hold": 0.0}, {"alpha_slow_hold": 0.02}, {"n_warmup": -1},
     {"n_warmup": True}, {"band_hi": 0.9}, {"gamma": 0.0}, {"eta_min": 0.0},
     {"eta_min": 1.1}, {"tau_floor": 0.0}, {"max_seconds": 0.0}, {"alpha_acc": 0.0},
     {"target_acceptance": 0.0}, {"target_acceptance": 1.0}, {"kp": -1.0}, {"ki": -0.1},
     {"kd": math.nan}, {"alpha_cloud": 0.0}, {"time_cap": 1}, {"gamma": math.inf},
-    {"band_hi": "1.2"},
+    {"band_hi": "1.2"}, {"max_classes": 0}, {"max_classes": 2.0},
 ])
 def test_config_validation(kwargs):
     name = next(iter(kwargs))
