@@ -14,7 +14,10 @@ Model (one edge; N edges share one cloud in the scale study):
 The SAME policy code decides: the policy flags are the ``rapid.runtime.policies.POLICIES``
 objects, and the depth controller is the one ``rapid.runtime.coordinator.Coordinator`` builds
 (``CAAC`` / ``FixedDepth`` of ``rapid.runtime.caac``), fed through ``observe_step`` /
-``observe_round`` / ``next_depth`` in the coordinator's order.
+``observe_round`` / ``next_depth`` in the coordinator's order: a round's depth is settled when
+the previous verdict lands (at least the levels a kept branch supplied), and the proactive
+branch aims at ``next_depth_if`` the verdict it guesses (the sim, with no tree, takes the
+round's accepted length for that guess).
 
 The oracle knows the future match string, the hits and the contention: knowing the path, it
 drafts a chain (one token per step, one node per level) of the depth, up to the run that will be
@@ -217,7 +220,7 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
             elif not e.policy.drafting:
                 depth = 0
             else:
-                depth = max(1, min(e.decision.depth, e.target - e.pos))
+                depth = max(1, min(e.decision.depth, e.target - e.pos), e.reused)
             t = now
             if e.prefill and e.policy.drafting:  # the draft prefill runs inside the first round
                 t += e.prefill * e.factor(t)
@@ -248,13 +251,11 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
             end = t_arr
             e.reused = 0
             pol = e.policy
-            next_dec = None
             if pol.proactive and pol.drafting and (not e.oracle or hit):
                 if e.load_oracle:
                     want = e.load_aware_depth(t_send)
                 elif not e.oracle:
-                    next_dec = e.ctrl.next_depth(True)
-                    want = next_dec.depth
+                    want = e.ctrl.next_depth_if(a, max(depth, 1), e.decision.b_hat, True).depth
                 else:
                     want = e.ctrl.config.max_depth
                 t, steps, stopped = t_send, 0, None
@@ -280,8 +281,8 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
                 else:
                     e.res.discarded += steps
                 e.res.draft_steps += steps
-            e.ctrl.observe_round(a, max(depth, 1), t_arr - t_send)
-            e.decision = next_dec if next_dec is not None else e.ctrl.next_depth(pol.proactive)
+            e.ctrl.observe_round(a, max(depth, 1), t_arr - t_send, e.decision.b_hat)
+            e.decision = e.ctrl.next_depth(pol.proactive)
             e.pos += a + 1
             e.res.tokens = min(e.pos, e.target)
             e.res.rounds += 1

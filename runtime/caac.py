@@ -30,7 +30,7 @@ step). From then on ``eta = 1``: a permanent change of machine is punished for a
 while a contention episode shorter than that keeps the gate closed. Slow drifts that stay
 inside the band (a growing context) are followed at ``alpha_slow``.
 
-Logical path, per round (``observe_round(accepted, depth, cloud_seconds)``)::
+Logical path, per round (``observe_round(accepted, depth, cloud_seconds, b_hat)``)::
 
     A   <- A + alpha_acc * (min(accepted, depth) / depth - A)   # A starts at target
     e    = A - target_acceptance;   de = e - e_prev
@@ -41,7 +41,9 @@ Logical path, per round (``observe_round(accepted, depth, cloud_seconds)``)::
     B_raw = L_base + kp * e + ki * I + kd * de;     B_hat = clamp(B_raw, min_depth, max_depth)
 
 (``B_raw`` in the saturation test uses the new P and D terms and the old I; ``B_hat`` in the
-``depth`` test is the value before this round's update, i.e. the one behind the decision.)
+``depth`` test is the one behind the decision that set this round's depth: the caller passes
+``decision.b_hat``; without it, the value before this update, which is that one when every
+decision is taken right after the previous ``observe_round``.)
 The ``depth != round(B_hat)`` clause freezes the integral when the executed depth was cut
 (by ``eta``, the time cap or the caller): shallower trees are accepted at a higher ratio, and
 integrating that would teach the logical loop to undo the physical throttling. It is
@@ -86,6 +88,7 @@ max_seconds=3600 (physical limits, only guard against garbage), min/max_depth=1/
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, fields
 from typing import Protocol
@@ -179,10 +182,13 @@ class DepthController(Protocol):
 
     def observe_step(self, seconds: float, tokens: int) -> None: ...
 
-    def observe_round(self, accepted: int, depth: int,
-                      cloud_seconds: float | None = None) -> None: ...
+    def observe_round(self, accepted: int, depth: int, cloud_seconds: float | None = None,
+                      b_hat: float | None = None) -> None: ...
 
     def next_depth(self, proactive: bool = False) -> CAACDecision: ...
+
+    def next_depth_if(self, accepted: int, depth: int, b_hat: float | None = None,
+                      proactive: bool = True) -> CAACDecision: ...
 
     def snapshot(self) -> dict: ...
 
@@ -273,8 +279,10 @@ class CAAC:
         c = self.config
         return min(float(c.max_depth), max(float(c.min_depth), self._b_raw()))
 
-    def observe_round(self, accepted: int, depth: int, cloud_seconds: float | None = None) -> None:
-        """Record one verified round: ``accepted`` of a depth-``depth`` tree."""
+    def observe_round(self, accepted: int, depth: int, cloud_seconds: float | None = None,
+                      b_hat: float | None = None) -> None:
+        """Record one verified round: ``accepted`` of a depth-``depth`` tree; ``b_hat`` is the
+        B_hat of the decision that set the depth (for the anti-windup test; default: the current)."""
         c = self.config
         if cloud_seconds is not None and self._duration_ok(cloud_seconds):
             cs = float(cloud_seconds)
@@ -284,7 +292,9 @@ class CAAC:
         if a is None or d is None or a < 0 or d < 1:
             self._ignored_rounds += 1
             return
-        recommended = _round_half_up(self._b_hat())  # the logical depth behind this round
+        if isinstance(b_hat, bool) or not isinstance(b_hat, (int, float)) or not math.isfinite(b_hat):
+            b_hat = self._b_hat()
+        recommended = _round_half_up(b_hat)  # the logical depth behind this round
         self._acc += c.alpha_acc * (min(a, d) / d - self._acc)
         e = self._acc - c.target_acceptance
         self._d_err = e - self._err
@@ -324,6 +334,15 @@ class CAAC:
             if cap is not None and cap < depth:
                 depth, capped = cap, True
         return self._decision(depth, esr, eta, b_hat, capped)
+
+    def next_depth_if(self, accepted: int, depth: int, b_hat: float | None = None,
+                      proactive: bool = True) -> CAACDecision:
+        """The decision ``next_depth`` would give after ``observe_round(accepted, depth, None,
+        b_hat)`` (does not change state): a proactive branch that guessed the verdict knows its
+        accepted length before the verdict lands."""
+        what_if = copy.copy(self)  # observe_round rebinds plain floats only; the physical path is shared
+        what_if.observe_round(accepted, depth, None, b_hat)
+        return what_if.next_depth(proactive)
 
     def _decision(self, depth: int, esr: float, eta: float, b_hat: float,
                   capped: bool) -> CAACDecision:

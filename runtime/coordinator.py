@@ -1,13 +1,17 @@
 """One generation as a sequence of rounds (the edge side of RAPID).
 
 Round i:
-    t0  depth L_i from the controller (CAAC, or fixed)
+    t0  depth L_i from the controller (CAAC, or fixed), decided when verdict i-1 landed; at
+        least the levels a kept branch already supplied
         expand D_i to L_i levels (worker thread; the event loop never runs a draft step)
     t1  send D_i; if the policy is proactive, save the boundary and expand the branch D_{i+1}
+        towards the depth the controller would choose if the branch guesses right (the
+        branch's root v* fixes the accepted length of that verdict: next_depth_if)
     t2  after EACH complete branch step, read the feedback flag the link sets on a verdict
         (and the engine's step-complete signal); interruptible policies stop there
     t3  verdict: keep and remap the branch if it guessed the outcome (accepted path ends at v*
-        and bonus = b*), otherwise restore the boundary; commit path + bonus
+        and bonus = b*), otherwise restore the boundary; commit path + bonus; the controller
+        observes round i (against the B_hat that set L_i) and settles L_{i+1}
 
 The cloud's acceptance rule is untouched, so the emitted tokens equal target-only decoding
 whatever the policy, the timing or the interruptions.
@@ -97,11 +101,14 @@ class Coordinator:
         self.drafter.draft(depth, on_step, self.policy.confidence_floor)
         return count
 
-    def _branch(self, depth: int) -> tuple[int, int | None]:
-        """Expand the proactive branch; return (steps run, step after which feedback stopped it)."""
+    def _branch(self, depth: int, if_hit: Callable[[int], int] | None = None) -> tuple[int, int | None]:
+        """Expand the proactive branch to ``depth`` levels, or, with ``if_hit``, to
+        ``if_hit(accepted)`` once the root is chosen (``accepted`` = the verdict's length if the
+        branch guesses right); return (steps run, step after which feedback stopped it)."""
         steps = 0
         width = 1 if self.policy.chain_branch else None
-        for rec in self.drafter.proactive_steps(self.cfg.decay, width):
+        d = self.drafter
+        for rec in d.proactive_steps(self.cfg.decay, width):
             steps += 1
             try:
                 self._after_step(rec, "branch", steps)
@@ -110,9 +117,15 @@ class Coordinator:
             # t2: the step is complete (ready() is the CUDA event on GPU backends) → read the flag
             if self.policy.interruptible and self.link.feedback.is_set():
                 return steps, steps
-            if self.drafter.branch_levels() >= depth:
+            if if_hit is not None and d.branch is not None:
+                depth, if_hit = if_hit(0 if d.branch.node < 0 else d.tree.depth[d.branch.node]), None
+            if d.branch_levels() >= depth:
                 break
         return steps, None
+
+    def _if_hit(self, depth: int, b_hat: float) -> Callable[[int], int]:
+        """The branch's depth target given the accepted length of the verdict it guesses."""
+        return lambda accepted: self.controller.next_depth_if(accepted, max(depth, 1), b_hat, True).depth
 
     def _spawn(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
         """Run ``fn`` on a worker thread, tracked until it returns (see the module docstring)."""
@@ -195,7 +208,7 @@ class Coordinator:
         decision = self.controller.next_depth(p.proactive)
         round_id, stopped = 0, False
         while True:
-            depth = max(1, min(decision.depth, max_new - len(out)))
+            depth = max(1, min(decision.depth, max_new - len(out)), d.levels)  # kept levels are drafted
             rec = RoundRecord(round_id, p.name, depth if p.drafting else 0, 0, t_start=self.clock())
             _fill_decision(rec, decision)
             if p.drafting:
@@ -208,12 +221,11 @@ class Coordinator:
             rec.tree_nodes = len(tokens)
             t_sent = self.clock()
             await self.link.send_tree(round_id, tokens, parents)
-            next_decision = None
             branch_task = None
             if p.proactive and p.drafting:
-                next_decision = self.controller.next_depth(True)
                 boundary = d.save_boundary()
-                branch_task = self._spawn(self._branch, next_decision.depth)
+                branch_task = self._spawn(self._branch, self.controller.next_depth(True).depth,
+                                          self._if_hit(depth, decision.b_hat))
             verdict = await self.link.verdict(round_id)  # raises: _drain stops the branch first
             rec.cloud_s = self.link.arrival(round_id) - t_sent
             if branch_task is not None:
@@ -231,8 +243,8 @@ class Coordinator:
             if plan.hit:
                 rec.reused_depth = d.levels
             rec.accepted = len(verdict.path)
-            self.controller.observe_round(len(verdict.path), max(depth, 1), rec.cloud_s)
-            decision = next_decision if next_decision is not None else self.controller.next_depth(p.proactive)
+            self.controller.observe_round(len(verdict.path), max(depth, 1), rec.cloud_s, decision.b_hat)
+            decision = self.controller.next_depth(p.proactive)  # settled on the freshest acceptance
             before = len(out)
             out, done = finish(out + plan.emitted, max_new, stop_ids)
             stopped = done and bool(out) and out[-1] in stop_ids

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -333,3 +334,34 @@ def test_carried_baseline_sees_contention_that_began_before_the_request():
     assert fresh.next_depth().eta == 1.0
     d = carried.next_depth()
     assert d.esr > 2 and d.eta < 0.5 and d.depth < 4
+
+
+def test_anti_windup_uses_the_b_hat_that_set_the_depth():
+    """A proactive caller decides depth L_i before verdict i-1 has moved B_hat; passing the
+    decision's B_hat makes the freeze test compare L_i with the B_hat behind it."""
+    ctl = CAAC()
+    dec = ctl.next_depth()  # depth 4 from B_hat 4
+    ctl.observe_round(4, 4)  # B_hat moves above 4 (all accepted)
+    assert round(ctl.next_depth().b_hat) > 4
+    stale, fresh = copy.deepcopy(ctl), copy.deepcopy(ctl)
+    stale.observe_round(4, dec.depth)  # compared with the moved B_hat: frozen
+    fresh.observe_round(4, dec.depth, b_hat=dec.b_hat)  # compared with the B_hat behind it
+    assert stale.snapshot()["integral"] == ctl.snapshot()["integral"]
+    assert fresh.snapshot()["integral"] > ctl.snapshot()["integral"]
+    for bad in (math.nan, math.inf, "4", True):  # an unusable b_hat falls back to the current one
+        other = copy.deepcopy(ctl)
+        other.observe_round(4, dec.depth, b_hat=bad)
+        assert other.snapshot() == stale.snapshot()
+
+
+@pytest.mark.parametrize("accepted", [0, 2, 4])
+def test_next_depth_if_previews_observe_round_without_changing_state(accepted):
+    ctl = CAAC()
+    run_rounds(ctl, 6, chain_plant(), cloud=0.2)
+    before = ctl.snapshot()
+    dec = ctl.next_depth(True)
+    preview = ctl.next_depth_if(accepted, dec.depth, dec.b_hat, True)
+    assert ctl.snapshot() == before
+    ctl.observe_round(accepted, dec.depth, None, dec.b_hat)
+    assert preview == ctl.next_depth(True)
+    assert FixedDepth(3).next_depth_if(accepted, 3).depth == 3

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 from rapid.engines.torch_engine import TorchEngine
+from rapid.runtime.caac import CAACConfig
 from rapid.runtime.coordinator import Coordinator, CoordinatorConfig, controller_for
 from rapid.runtime.drafter import Drafter
 from rapid.runtime.link import CloudLink
-from rapid.runtime.policies import POLICIES
+from rapid.runtime.policies import POLICIES, Policy
 from rapid.runtime.tree import TreeParams
 from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer
@@ -43,3 +45,37 @@ def test_carried_controller_accumulates_steps_and_stays_exact(tiny_pair):
         assert steps[1] > steps[0] > 0  # the physical path carried over
     finally:
         server.close()
+
+
+def test_proactive_policies_reach_depth_8_as_fast_as_caac(tiny_pair):
+    """Full acceptance (the draft is the target, chains of top-1 tokens): the depth of round
+    i+1 is settled when verdict i lands, so a proactive policy follows the same depth sequence
+    as caac instead of lagging a round. Steps take a constant (injected) time, so the gate
+    stays open; the time cap is off so only acceptance moves the depth. A tiny decay roots the
+    branch at the leaf (the right guess here), and a branch that runs to its plan (npdg-caac)
+    builds the whole next tree: it aims at the depth the verdict it guesses will settle."""
+    target, drafts = tiny_pair
+    server = BackgroundServer(VerifierServer(target))
+    prompt, max_new = list(b"full acceptance"), 150
+    adaptive_npdg = Policy("npdg-caac", adaptive_depth=True, proactive=True)  # branch runs to its plan
+    depth_runs = {}
+    try:
+        for policy in (POLICIES["caac"], POLICIES["rapid"], adaptive_npdg):
+            ticks = itertools.count(0.0, 0.005)  # every step takes 5 ms of this clock
+            drafter = Drafter(TorchEngine(drafts["same"], capacity=512), TreeParams(4, 12, 1, 1), (),
+                              clock=ticks.__next__)
+            cfg = CoordinatorConfig(depth=4, decay=1e-12, caac=CAACConfig(time_cap=False))
+            gen = asyncio.run(Coordinator(drafter, CloudLink(server.url), policy, cfg).generate(
+                prompt, max_new, SamplingParams()))
+            assert gen.tokens == reference_decode(target, prompt, max_new, SamplingParams(), ())
+            recs = gen.records[:16]
+            assert all(r.accepted == r.depth and r.eta == 1.0 for r in recs), policy.name
+            depth_runs[policy.name] = [r.depth for r in recs]
+            if policy is adaptive_npdg:
+                assert all(r.proactive_hit for r in recs), [r.proactive_hit for r in recs]
+                assert [r.draft_steps for r in recs[1:]] == [0] * 15  # the branch drafted it all
+    finally:
+        server.close()
+    caac = depth_runs["caac"]
+    assert caac.index(8) <= 12 and caac[caac.index(8):] == [8] * (16 - caac.index(8)), caac
+    assert depth_runs["rapid"] == caac and depth_runs["npdg-caac"] == caac, depth_runs
