@@ -7,8 +7,9 @@ Round i:
     t1  send D_i; if the policy is proactive, save the boundary and expand the branch D_{i+1}
         towards the depth the controller would choose if the branch guesses right (the
         branch's root v* fixes the accepted length of that verdict: next_depth_if)
-    t2  after EACH complete branch step, read the feedback flag the link sets on a verdict
-        (and the engine's step-complete signal); interruptible policies stop there
+    t2  after EACH branch step, once the engine reports it complete (StepHandle.ready(): the
+        CUDA event on GPU backends; the drafter polls it), read the feedback flag the link sets
+        on a verdict; interruptible policies stop there (no step starts after it)
     t3  verdict: keep and remap the branch if it guessed the outcome (accepted path ends at v*
         and bonus = b*), otherwise restore the boundary; commit path + bonus; the controller
         observes round i (against the B_hat that set L_i) and settles L_{i+1}
@@ -114,7 +115,8 @@ class Coordinator:
                 self._after_step(rec, "branch", steps)
             except _Halted:
                 return steps, steps
-            # t2: the step is complete (ready() is the CUDA event on GPU backends) → read the flag
+            # t2: the drafter returned the step only once handle.ready() (the CUDA event on GPU
+            # backends) said it is complete → read the flag
             if self.policy.interruptible and self.link.feedback.is_set():
                 return steps, steps
             if if_hit is not None and d.branch is not None:

@@ -8,6 +8,14 @@ Invariants (checked by tests):
 One expansion step is one engine call. Step 0 of a tree feeds the pending tokens (causal) and
 yields the root's children; step ℓ ≥ 1 feeds the best ``width`` nodes of depth ℓ. The proactive
 branch (IPDG) uses the same steps under a chosen root (``runtime.ipdg``).
+
+A step is complete when the engine's ``StepHandle.ready()`` says so (a CUDA event query on GPU
+backends, True at once on CPU ones); only then are its logits read and the step returned, so the
+caller's feedback-flag check after each step always follows a completed step. While a step is in
+flight the drafter polls every ``poll_s`` seconds, sleeping in between: the GIL and the core are
+free for the event loop that receives the verdict (an event wait may spin). ``poll_s = 1e-4``
+adds at most ~0.1-0.2 ms to a step (Linux sleep granularity), a few per cent of a 5-30 ms GPU or
+Jetson draft step; a step not complete after ``ready_timeout_s`` raises ``StepTimeoutError``.
 """
 
 from __future__ import annotations
@@ -17,11 +25,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from rapid.engines.base import DraftEngine
+from rapid.engines.base import DraftEngine, StepHandle
+from rapid.errors import RapidError
 from rapid.geometry import ROOT, ancestor_mask, causal_allowed, node_positions
 from rapid.runtime.ipdg import ProactiveRoot, VerdictPlan, choose_proactive_root, plan_verdict
 from rapid.runtime.tree import TokenTree, TreeParams
 from rapid.sampling import log_softmax
+
+
+class StepTimeoutError(RapidError):
+    """The engine never reported a launched step complete."""
 
 
 @dataclass(slots=True)
@@ -41,11 +54,15 @@ class Boundary:
 
 class Drafter:
     def __init__(self, engine: DraftEngine, params: TreeParams, stop_ids: Sequence[int] = (),
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, poll_s: float = 1e-4,
+                 ready_timeout_s: float = 60.0) -> None:
+        if not (poll_s > 0 and ready_timeout_s > 0):
+            raise ValueError(f"poll_s and ready_timeout_s must be > 0, got {poll_s}, {ready_timeout_s}")
         self.engine = engine
         self.params = params
         self.stop_ids = tuple(stop_ids)
         self.clock = clock
+        self.poll_s, self.ready_timeout_s = poll_s, ready_timeout_s
         self.committed: list[int] = []
         self.pending: list[int] = []
         self.prefix_len = 0
@@ -75,8 +92,19 @@ class Drafter:
     def _feed(self, tokens: list[int], pos: list[int], allowed, phase: str) -> tuple:
         t0 = self.clock()
         handle = self.engine.step(tokens, pos, allowed)
-        logp = log_softmax(handle.logits())
+        self._until_ready(handle)
+        logp = log_softmax(handle.logits())  # complete: no wait
         return logp, StepRecord(len(tokens), self.clock() - t0, phase)
+
+    def _until_ready(self, handle: StepHandle) -> None:
+        """Return once ``handle.ready()``: poll, sleeping ``poll_s`` between queries."""
+        if handle.ready():
+            return
+        deadline = time.monotonic() + self.ready_timeout_s
+        while not handle.ready():
+            if time.monotonic() > deadline:
+                raise StepTimeoutError(f"draft step not complete after {self.ready_timeout_s:g} s")
+            time.sleep(self.poll_s)
 
     def _feed_nodes(self, nodes: list[int], phase: str) -> StepRecord:
         kv = self.engine.kv_len

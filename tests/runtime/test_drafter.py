@@ -10,7 +10,7 @@ import pytest
 
 from rapid.acceptance import validate_tree
 from rapid.engines.torch_engine import TorchEngine
-from rapid.runtime.drafter import Drafter
+from rapid.runtime.drafter import Drafter, StepTimeoutError
 from rapid.runtime.tree import TreeParams
 from rapid.tiny import VOCAB
 
@@ -134,3 +134,36 @@ def test_proactive_branch_first_level_respects_the_budget(engine):
         if d.branch_node is not None:
             under = [i for i in range(len(d.tree)) if d.branch_node in d.tree.path(i)[:-1]]
             assert len(under) <= 1
+
+
+class NeverReady:
+    """A handle whose step never completes (a wedged device)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.polls = inner, 0
+
+    def ready(self) -> bool:
+        self.polls += 1
+        return False
+
+    def logits(self):
+        raise AssertionError("logits read from a step that never completed")
+
+
+def test_a_step_that_never_completes_raises_a_typed_error(engine):
+    eng = engine()
+    handles = []
+    real_step = eng.step
+
+    def step(*a, **kw):
+        handles.append(NeverReady(real_step(*a, **kw)))
+        return handles[-1]
+
+    eng.step = step
+    d = Drafter(eng, TreeParams(3, 10, 2, 2), poll_s=0.001, ready_timeout_s=0.05)
+    d.start([1, 2, 3])
+    with pytest.raises(StepTimeoutError, match="not complete after 0.05 s"):
+        d.draft(3)
+    assert len(handles) == 1 and handles[0].polls > 5  # polled while waiting, then gave up
+    with pytest.raises(ValueError, match="poll_s"):
+        Drafter(eng, TreeParams(), poll_s=0.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -41,6 +42,51 @@ class FlagLink:
         self.feedback = threading.Event()
 
 
+class LateHandle:
+    """A step that completes ``delay`` s after its launch returned, as a GPU step would: until
+    then ``ready()`` is False, and reading its logits is a bug (a torn output buffer), recorded."""
+
+    def __init__(self, inner, delay, log):
+        self.inner, self.done_at, self.log = inner, time.perf_counter() + delay, log
+
+    def ready(self):
+        return time.perf_counter() >= self.done_at
+
+    def logits(self):
+        if not self.ready():
+            self.log.append("logits before ready")
+            time.sleep(max(0.0, self.done_at - time.perf_counter()))
+        return self.inner.logits()
+
+
+class LateEngine(TorchEngine):
+    """A real TorchEngine whose handles become ready ``delay`` s after ``step`` returns."""
+
+    def __init__(self, *a, delay=0.02, **kw):
+        super().__init__(*a, **kw)
+        self.delay, self.handles, self.log = delay, [], []
+        self.during_step = None
+
+    def step(self, *a, **kw):
+        handle = LateHandle(super().step(*a, **kw), self.delay, self.log)
+        self.handles.append(handle)
+        if self.during_step:
+            self.during_step(len(self.handles))
+        return handle
+
+
+class ReadLog(threading.Event):
+    """A feedback flag that records when it is read."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = []
+
+    def is_set(self):
+        self.reads.append(time.perf_counter())
+        return super().is_set()
+
+
 PARAMS = TreeParams(3, 10, 2, 2)
 
 
@@ -64,6 +110,29 @@ def test_feedback_during_step_k_completes_exactly_k_steps(tiny_pair, k):
     steps, interrupted_at = coord._branch(depth=8)
     assert steps == k and interrupted_at == k
     assert eng.calls - start == k  # no step k+1 was started
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_flag_is_read_only_after_the_step_completes(tiny_pair, k):
+    """The engine's launch returns at once and the step completes 20 ms later: the drafter
+    waits for ready() before it touches the logits, and the flag set during step k is read
+    only once step k is complete; no step k+1 is launched."""
+    _, drafts = tiny_pair
+    eng = LateEngine(drafts["partial"], capacity=512)
+    d = Drafter(eng, PARAMS, (EOS_ID,))
+    d.start(list(b"abc def"))
+    d.draft(PARAMS.depth)
+    link = FlagLink()
+    link.feedback = ReadLog()
+    start = len(eng.handles)
+    eng.during_step = lambda n: link.feedback.set() if n - start == k else None
+    steps, interrupted_at = Coordinator(d, link, POLICIES["ipdg"], CoordinatorConfig(depth=8))._branch(depth=8)
+    assert (steps, interrupted_at) == (k, k) and len(eng.handles) - start == k
+    assert eng.log == []  # logits were read only from completed steps
+    branch = eng.handles[start:]
+    assert len(link.feedback.reads) == k
+    for read, handle in zip(link.feedback.reads, branch, strict=True):
+        assert read >= handle.done_at  # the flag after step j is read once step j is complete
 
 
 def test_npdg_ignores_feedback_and_runs_to_depth(tiny_pair):
