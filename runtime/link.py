@@ -42,7 +42,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from rapid.auth import bearer
 from rapid.errors import RapidError
 from rapid.wire import (
-    MAX_FRAME_BYTES,
+    TRANSPORT_MAX_BYTES,
     Bye,
     ErrorFrame,
     Hello,
@@ -119,7 +119,7 @@ class CloudLink:
         """Open a new connection (generation ``_gen + 1``); the old one is abandoned."""
         kw = {"ssl": self.ssl} if self.ssl is not None else {}
         try:
-            ws = await connect(self.url, open_timeout=self.open_timeout, max_size=MAX_FRAME_BYTES,
+            ws = await connect(self.url, open_timeout=self.open_timeout, max_size=TRANSPORT_MAX_BYTES,
                                compression=None, additional_headers=bearer(self.token), **kw)
         except websockets.InvalidStatus as e:
             status = e.response.status_code

@@ -40,7 +40,7 @@ from rapid.server.metrics import ServerMetrics
 from rapid.server.sessions import Entry, Limits, SessionTable
 from rapid.server.target import PromptTooLongError, TargetSession
 from rapid.wire import (
-    MAX_FRAME_BYTES,
+    TRANSPORT_MAX_BYTES,
     Bye,
     ErrorFrame,
     Hello,
@@ -250,7 +250,7 @@ async def serve_forever(server: VerifierServer, host: str, port: int,
                         ssl=None) -> None:
     reaper = asyncio.create_task(server.reap_forever())
     try:
-        async with serve(server.handle, host, port, max_size=MAX_FRAME_BYTES, compression=None,
+        async with serve(server.handle, host, port, max_size=TRANSPORT_MAX_BYTES, compression=None,
                          process_request=server.process_request, ssl=ssl) as ws_server:
             addr = ws_server.sockets[0].getsockname()
             log.info("verifier listening on %s://%s:%d", "wss" if ssl else "ws", addr[0], addr[1])

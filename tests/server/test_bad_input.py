@@ -14,7 +14,17 @@ from rapid.server.app import VerifierServer
 from rapid.server.background import BackgroundServer
 from rapid.server.sessions import Limits
 from rapid.server.target import reference_decode
-from rapid.wire import ErrorFrame, Hello, Ready, Tree, VerdictFrame, decode, encode
+from rapid.wire import (
+    MAX_ARRAY,
+    MAX_FRAME_BYTES,
+    ErrorFrame,
+    Hello,
+    Ready,
+    Tree,
+    VerdictFrame,
+    decode,
+    encode,
+)
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +103,20 @@ def test_bad_trees_get_error_frames_and_session_continues(cloud, tokens, parents
     assert isinstance(ready, Ready)
     assert isinstance(err, ErrorFrame) and err.code == "bad_tree" and needle in err.reason and err.round == 0
     assert isinstance(ok, VerdictFrame) and ok.round == 1
+
+
+def test_a_frame_over_the_protocol_limit_gets_an_error_frame_and_the_connection_stays(cloud):
+    too_big = msgpack.packb({"t": "tree", "round": 0, "tokens": b"\x00" * MAX_FRAME_BYTES, "parents": b""})
+    err, ready, verdict = exchange(cloud.url, too_big, Hello([1, 2]), Tree(0, [], []))
+    assert isinstance(err, ErrorFrame) and err.code == "too_large" and str(MAX_FRAME_BYTES) in err.reason
+    assert isinstance(ready, Ready) and isinstance(verdict, VerdictFrame)
+
+
+def test_a_tree_at_the_array_maximum_reaches_the_tree_checks(cloud):
+    """The documented maximum frame crosses the transport: the session's node limit answers it."""
+    ready, err = exchange(cloud.url, Hello([1, 2]), Tree(0, [1] * MAX_ARRAY, [-1] * MAX_ARRAY))
+    assert isinstance(ready, Ready)
+    assert isinstance(err, ErrorFrame) and err.code == "bad_tree" and "session limit" in err.reason
 
 
 def test_prompt_longer_than_context(cloud):
