@@ -17,6 +17,7 @@ import ssl
 from pathlib import Path
 
 from rapid.errors import RapidError
+from rapid.logsafe import register_secret
 
 ENV_VAR = "RAPID_TOKEN"
 log = logging.getLogger("rapid.auth")
@@ -27,7 +28,14 @@ class AuthConfigError(RapidError):
 
 
 def load_token(token_file: str | os.PathLike[str] | None = None, env: str = ENV_VAR) -> str | None:
-    """The shared secret from ``token_file`` or ``$RAPID_TOKEN``; None = no auth."""
+    """The shared secret from ``token_file`` or ``$RAPID_TOKEN``; None = no auth. The token is
+    registered with ``rapid.logsafe`` so that no log line ever shows it."""
+    token = _read_token(token_file, env)
+    register_secret(token)
+    return token
+
+
+def _read_token(token_file: str | os.PathLike[str] | None, env: str) -> str | None:
     if token_file:
         try:
             text = Path(token_file).read_text().strip()

@@ -13,11 +13,11 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from rapid.errors import RapidError
 from rapid.export.export_cli import add_quantize_arguments
+from rapid.logsafe import setup_logging
 from rapid.runtime.args import add_tree_args
 
 
@@ -100,15 +100,14 @@ def main(argv: list[str] | None = None) -> int:
         import importlib
 
         mod, fn = DELEGATED[argv[0]].split(":")
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+        setup_logging(verbose=False)
         try:
             return getattr(importlib.import_module(mod), fn)(argv[1:])
         except RapidError as e:
             print(f"rapid {argv[0]}: error: {e}", file=sys.stderr)
             return 2
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    setup_logging(args.verbose)
     try:
         return _dispatch(args)
     except RapidError as e:

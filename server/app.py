@@ -55,6 +55,11 @@ from rapid.wire import (
 log = logging.getLogger("rapid.server")
 
 
+def _peer(connection: ServerConnection) -> str:
+    addr = connection.remote_address
+    return f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) and len(addr) >= 2 else str(addr)
+
+
 class VerifierServer:
     def __init__(self, model: Decoder, limits: Limits | None = None,
                  answer_delay: Callable[[], float] | None = None, *, token: str | None = None,
@@ -85,6 +90,8 @@ class VerifierServer:
             return connection.respond(http.HTTPStatus.OK, "ok\n")
         if not check_authorization(request.headers.get("Authorization"), self.token):
             self.metrics.auth_failures.inc()
+            log.warning("refused %s from %s: missing or wrong bearer token (HTTP 401)", path,
+                        _peer(connection))
             return connection.respond(http.HTTPStatus.UNAUTHORIZED, "missing or wrong bearer token\n")
         if path == "/metrics":
             self._refresh_gauges()

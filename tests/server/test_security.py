@@ -6,6 +6,7 @@ import asyncio
 import datetime
 import ipaddress
 import ssl
+import sys
 import urllib.error
 import urllib.request
 
@@ -14,11 +15,12 @@ import websockets
 from websockets.asyncio.client import connect
 
 from rapid.auth import bearer, check_authorization, client_ssl_context, load_token
+from rapid.procs import free_port, start_listening, stop_server
 from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer, serve_forever
 from rapid.server.background import BackgroundServer
 from rapid.server.target import reference_decode
-from rapid.wire import Hello, Ready, Tree, VerdictFrame, decode, encode
+from rapid.wire import Bye, Hello, Ready, Tree, VerdictFrame, decode, encode
 
 TOKEN = "s3cret-token-\u00e9"
 
@@ -157,3 +159,42 @@ def test_tls_and_token_end_to_end(tmp_path, tiny_pair):
             await task
 
     assert asyncio.run(run()) == reference_decode(target, [1, 2, 3], 12, SamplingParams(), (EOS_ID,))
+
+
+@pytest.mark.slow
+def test_verbose_serve_never_logs_the_token(tiny_dir, tmp_path):
+    """``rapid -v serve`` (root logger at DEBUG) with a token: an authenticated client decodes, a
+    wrong token and a missing one get 401, /metrics is read; the whole log never shows either
+    token, and it does record the refusals."""
+    token, wrong = "log-secret-Zq8x31", "wrong-secret-Pw0c77"
+    (tmp_path / "token").write_text(token + "\n")
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    cmd = [sys.executable, "-m", "rapid.cli", "-v", "serve", "--target", tiny_dir("target", seed=0, dtype="float64"),
+           "--dtype", "float64", "--port", str(port), "--token-file", str(tmp_path / "token")]
+    proc = start_listening(cmd, "127.0.0.1", port, timeout=120, log_path=log_path)
+    url = f"ws://127.0.0.1:{port}"
+
+    async def clients():
+        async with connect(f"{url}/?token={token}", additional_headers=bearer(token)) as ws:
+            await ws.send(encode(Hello([5, 6, 7])))
+            assert isinstance(decode(await ws.recv()), Ready)
+            await ws.send(encode(Tree(0, [], [])))
+            assert isinstance(decode(await ws.recv()), VerdictFrame)
+            await ws.send(encode(Bye()))
+        for headers in (bearer(wrong), {}):
+            with pytest.raises(websockets.InvalidStatus) as e:
+                async with connect(url, additional_headers=headers):
+                    pass
+            assert e.value.response.status_code == 401
+
+    try:
+        asyncio.run(clients())
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=bearer(token))
+        assert "rapid_auth_failures_total 2.0" in urllib.request.urlopen(req, timeout=5).read().decode()
+    finally:
+        stop_server(proc)
+    text = log_path.read_text()
+    assert "Using selector" in text  # asyncio's DEBUG line: -v really was in effect
+    assert token not in text and wrong not in text
+    assert text.count("missing or wrong bearer token (HTTP 401)") == 2 and "session" in text
