@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import websockets
 from websockets.asyncio.server import ServerConnection, serve
 
-from rapid.auth import check_authorization
+from rapid.auth import check_authorization_headers
 from rapid.errors import RapidError
 from rapid.modeling import Decoder
 from rapid.sampling import SamplingParams
@@ -88,7 +88,7 @@ class VerifierServer:
         path = request.path.split("?", 1)[0]
         if path == "/health":
             return connection.respond(http.HTTPStatus.OK, "ok\n")
-        if not check_authorization(request.headers.get("Authorization"), self.token):
+        if not check_authorization_headers(request.headers.get_all("Authorization"), self.token):
             self.metrics.auth_failures.inc()
             log.warning("refused %s from %s: missing or wrong bearer token (HTTP 401)", path,
                         _peer(connection))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
+import socket
 import ssl
 import sys
 import urllib.error
@@ -14,7 +15,13 @@ import pytest
 import websockets
 from websockets.asyncio.client import connect
 
-from rapid.auth import bearer, check_authorization, client_ssl_context, load_token
+from rapid.auth import (
+    bearer,
+    check_authorization,
+    check_authorization_headers,
+    client_ssl_context,
+    load_token,
+)
 from rapid.procs import free_port, start_listening, stop_server
 from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer, serve_forever
@@ -38,6 +45,10 @@ def test_check_authorization():
     assert check_authorization(f"Bearer {TOKEN}", TOKEN) and check_authorization(f"bearer  {TOKEN} ", TOKEN)
     for bad in (None, "", "Bearer", "Bearer wrong", f"Basic {TOKEN}", TOKEN, f"Bearer {TOKEN}x"):
         assert not check_authorization(bad, TOKEN), bad
+    good = f"Bearer {TOKEN}"
+    assert check_authorization_headers([good], TOKEN) and check_authorization_headers([good, good], None)
+    for bad in ([], [good, good], [good, "Bearer wrong"], ["Bearer wrong"]):
+        assert not check_authorization_headers(bad, TOKEN), bad
 
 
 def test_load_token(tmp_path, monkeypatch):
@@ -66,6 +77,26 @@ def test_wrong_or_missing_token_gets_401_before_any_work(cloud, headers):
     assert asyncio.run(run()) == 401
     assert cloud.server.stats["connections"] == before["connections"]  # the handler never ran
     assert len(cloud.server.sessions) == 0
+
+
+def raw_upgrade(url: str, header_lines: list[str]) -> bytes:
+    """Send a websocket upgrade request by hand (any headers, repeated ones too); the status line."""
+    host, port = url.removeprefix("ws://").split(":")
+    request = "\r\n".join(["GET / HTTP/1.1", f"Host: {host}:{port}", "Upgrade: websocket", "Connection: Upgrade",
+                            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13",
+                            *header_lines, "", ""])
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(request.encode("latin-1"))  # as websockets reads and writes headers
+        return sock.recv(4096).split(b"\r\n", 1)[0]
+
+
+@pytest.mark.parametrize("second", [f"Bearer {TOKEN}", "Bearer wrong"])
+def test_two_authorization_headers_get_401_and_are_counted(cloud, second):
+    before = cloud.server.metrics.auth_failures._value.get()
+    status = raw_upgrade(cloud.url, [f"Authorization: Bearer {TOKEN}", f"Authorization: {second}"])
+    assert status == b"HTTP/1.1 401 Unauthorized"
+    assert cloud.server.metrics.auth_failures._value.get() == before + 1
+    assert raw_upgrade(cloud.url, [f"Authorization: Bearer {TOKEN}"]) == b"HTTP/1.1 101 Switching Protocols"
 
 
 def test_right_token_decodes(cloud, tiny_pair):
