@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto = one forward per tree where measured batch-invariant, else sequential (exact)")
     s.add_argument("--device", default="auto", help="auto|cpu|cuda|cuda:N (auto = the first CUDA device, else the CPU)")
     s.add_argument("--max-sessions", type=int, default=16,
-                   help="sessions holding target KV; a new one beyond it gets an error frame")
+                   help="sessions holding target KV; a new one beyond it gets ErrorFrame(full)")
     s.add_argument("--max-connections", type=int, default=0,
                    help="open websocket connections; beyond it the upgrade gets HTTP 503 (0 = 4 x --max-sessions)")
     s.add_argument("--hello-timeout", type=float, default=10.0,

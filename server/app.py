@@ -197,6 +197,10 @@ class VerifierServer:
         self._closers.add(task)
         task.add_done_callback(self._closers.discard)
 
+    def _full(self) -> ErrorFrame:
+        return self._error("full", f"the cloud is at its limit of {self.limits.max_sessions} sessions "
+                                   "(--max-sessions); retry later")
+
     def _error(self, code: str, reason: str, round_id: int | None = None) -> ErrorFrame:
         self.stats["errors"] += 1
         self.metrics.error(code)
@@ -249,7 +253,7 @@ class VerifierServer:
                              len(e.session.tokens), self.flat_nodes, self.tokenizer), e.sid
             kind = "reprefilled"  # the cloud lost it (restart, expiry): prefill the committed tokens
         if not self.sessions.make_room():
-            return self._error("busy", f"the server is at its limit of {self.limits.max_sessions} sessions; retry later"), sid
+            return self._full(), sid
         try:
             session = await self._run(
                 lambda: TargetSession(self.model, h.prompt, params, self.limits.max_context, max_nodes,
@@ -258,7 +262,7 @@ class VerifierServer:
             code = "context" if isinstance(e, PromptTooLongError) else "bad_hello"
             return self._error(code, str(e)), sid
         if not self.sessions.make_room():  # others were admitted while this one prefilled
-            return self._error("busy", f"the server is at its limit of {self.limits.max_sessions} sessions; retry later"), sid
+            return self._full(), sid
         sid = self.sessions.add(session, ws)
         self.metrics.sessions.labels(kind).inc()
         self._refresh_gauges()

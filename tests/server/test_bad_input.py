@@ -131,14 +131,14 @@ def test_tree_before_hello_and_double_hello(cloud):
     assert isinstance(r2, ErrorFrame) and r2.code == "bad_state"
 
 
-def test_session_limit_gives_busy_and_frees_on_close(cloud):
+def test_session_limit_gives_full_and_frees_on_close(cloud):
     async def run():
         conns = [await connect(cloud.url) for _ in range(3)]
         for c in conns:
             await c.send(encode(Hello([1, 2])))
             assert isinstance(decode(await c.recv()), Ready)
-        (busy,) = await _exchange(cloud.url, [encode(Hello([1, 2]))])
-        assert isinstance(busy, ErrorFrame) and busy.code == "busy"
+        (full,) = await _exchange(cloud.url, [encode(Hello([1, 2]))])
+        assert isinstance(full, ErrorFrame) and full.code == "full" and "limit of 3 sessions" in full.reason
         await conns[0].close()
         await asyncio.sleep(0.2)
         (ok,) = await _exchange(cloud.url, [encode(Hello([1, 2]))])

@@ -1,5 +1,5 @@
 """Connection admission and lifetimes over a real websocket: the pre-Hello deadline, the cap on
-open connections (HTTP 503), and their metrics."""
+open connections (HTTP 503), their metrics, and what the edge's link makes of a full cloud."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import websockets
 from websockets.asyncio.client import connect
 from websockets.protocol import State
 
+from rapid.runtime.link import FULL_RETRY_S, CloudError, CloudLink
 from rapid.server.app import VerifierServer
 from rapid.server.background import BackgroundServer
 from rapid.server.connections import ConnectionGate
@@ -116,3 +117,25 @@ def test_connections_beyond_the_cap_get_503_and_a_freed_slot_is_reused(make_clou
 
     asyncio.run(run())
     assert metric(cloud, "rapid_connections_refused_total") == 1
+
+
+@pytest.mark.parametrize("limits", [dict(max_sessions=1), dict(max_sessions=1, max_connections=1)])
+def test_a_full_cloud_fails_the_links_open_quickly_with_code_full(make_cloud, limits):
+    """One session held: a second link's open() is told "full" (ErrorFrame at the session limit, or
+    HTTP 503 at the connection limit), retries for FULL_RETRY_S at most, and says the cloud is full."""
+    cloud = make_cloud(**limits)
+
+    async def run():
+        holder = CloudLink(cloud.url)
+        await holder.open(Hello([1, 2]))
+        second = CloudLink(cloud.url, max_retry_s=60.0)
+        t0 = time.monotonic()
+        with pytest.raises(CloudError) as e:
+            await second.open(Hello([3]))
+        took = time.monotonic() - t0
+        await holder.close()
+        return e.value, took
+
+    err, took = asyncio.run(run())
+    assert err.code == "full" and "full" in err.reason and "unreachable" not in str(err)
+    assert FULL_RETRY_S <= took < FULL_RETRY_S + 3.0

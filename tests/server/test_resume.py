@@ -163,7 +163,7 @@ def test_a_resumed_sessions_old_connection_is_closed(make_cloud):
     asyncio.run(run())
 
 
-def test_detached_sessions_make_room_but_live_ones_give_busy(make_cloud):
+def test_detached_sessions_make_room_but_live_ones_give_full(make_cloud):
     cloud = make_cloud(max_sessions=2, grace_s=60)
 
     async def run():
@@ -172,8 +172,8 @@ def test_detached_sessions_make_room_but_live_ones_give_busy(make_cloud):
         b = await connect(cloud.url)
         await rpc(b, Hello([1]))
         async with connect(cloud.url) as c:
-            busy = await rpc(c, Hello([1]))
-            assert isinstance(busy, ErrorFrame) and busy.code == "busy"
+            full = await rpc(c, Hello([1]))
+            assert isinstance(full, ErrorFrame) and full.code == "full"
         abort(a)
         await asyncio.sleep(0.1)
         async with connect(cloud.url) as c:
