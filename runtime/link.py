@@ -269,6 +269,13 @@ class CloudLink:
         self._pending = None
         self.session = None
         try:
+            return await self._first_handshake()
+        except CloudError:
+            await self._abandon()  # a failed open leaves no connection behind (the cloud would hold it)
+            raise
+
+    async def _first_handshake(self) -> Ready:
+        try:
             return await self._handshake(None)
         except _Lost as e:
             if not self.reconnect:

@@ -133,6 +133,8 @@ def test_a_full_cloud_fails_the_links_open_quickly_with_code_full(make_cloud, li
         with pytest.raises(CloudError) as e:
             await second.open(Hello([3]))
         took = time.monotonic() - t0
+        await asyncio.sleep(0.2)
+        assert cloud.server.gate.open == 1  # the failed link left no connection open on the cloud
         await holder.close()
         return e.value, took
 
