@@ -2,7 +2,8 @@
 
 The edge sends ``Authorization: Bearer <token>`` on the HTTP upgrade request; the cloud compares
 it with ``hmac.compare_digest`` in ``process_request`` and answers HTTP 401 before the handshake
-completes, so an unauthenticated client never reaches a frame handler or the model.
+completes, so an unauthenticated client never reaches a frame handler or the model. A request
+with more than one ``Authorization`` header is refused (401) as well.
 
 The token comes from ``--token-file`` (first line, stripped) or the ``RAPID_TOKEN`` environment
 variable. With neither, the server runs open (local development) and logs a warning.
@@ -14,9 +15,11 @@ import hmac
 import logging
 import os
 import ssl
+from collections.abc import Sequence
 from pathlib import Path
 
 from rapid.errors import RapidError
+from rapid.logsafe import register_secret
 
 ENV_VAR = "RAPID_TOKEN"
 log = logging.getLogger("rapid.auth")
@@ -27,7 +30,14 @@ class AuthConfigError(RapidError):
 
 
 def load_token(token_file: str | os.PathLike[str] | None = None, env: str = ENV_VAR) -> str | None:
-    """The shared secret from ``token_file`` or ``$RAPID_TOKEN``; None = no auth."""
+    """The shared secret from ``token_file`` or ``$RAPID_TOKEN``; None = no auth. The token is
+    registered with ``rapid.logsafe`` so that no log line ever shows it."""
+    token = _read_token(token_file, env)
+    register_secret(token)
+    return token
+
+
+def _read_token(token_file: str | os.PathLike[str] | None, env: str) -> str | None:
     if token_file:
         try:
             text = Path(token_file).read_text().strip()
@@ -55,6 +65,14 @@ def check_authorization(header: str | None, token: str | None) -> bool:
     if scheme.lower() != "bearer":
         return False
     return hmac.compare_digest(value.strip().encode("utf-8", "replace"), token.encode("utf-8"))
+
+
+def check_authorization_headers(values: Sequence[str], token: str | None) -> bool:
+    """True when the request's ``Authorization`` headers (all of them, in order) carry ``token``:
+    exactly one header, since with two a proxy and this server could each check a different one."""
+    if token is None:
+        return True
+    return len(values) == 1 and check_authorization(values[0], token)
 
 
 def server_ssl_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:

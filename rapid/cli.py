@@ -13,11 +13,11 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from rapid.errors import RapidError
 from rapid.export.export_cli import add_quantize_arguments
+from rapid.logsafe import setup_logging
 from rapid.runtime.args import add_tree_args
 
 
@@ -40,7 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--verify", default="auto", choices=["auto", "tree", "sequential"],
                    help="auto = one forward per tree where measured batch-invariant, else sequential (exact)")
     s.add_argument("--device", default="auto", help="auto|cpu|cuda|cuda:N (auto = the first CUDA device, else the CPU)")
-    s.add_argument("--max-sessions", type=int, default=16)
+    s.add_argument("--max-sessions", type=int, default=16,
+                   help="sessions holding target KV; a new one beyond it gets ErrorFrame(full)")
+    s.add_argument("--max-connections", type=int, default=0,
+                   help="open websocket connections; beyond it the upgrade gets HTTP 503 (0 = 4 x --max-sessions)")
+    s.add_argument("--hello-timeout", type=float, default=10.0,
+                   help="close a connection that holds no session this many s after connecting")
     s.add_argument("--max-context", type=int, default=4096)
     s.add_argument("--max-nodes", type=int, default=64)
     s.add_argument("--token-file", help="shared secret for the websocket handshake (else $RAPID_TOKEN; none = open, dev only)")
@@ -48,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--key", help="TLS private key (PEM)")
     s.add_argument("--batch-window-ms", type=float, default=2.0, help="collect trees of several sessions this long")
     s.add_argument("--max-batch", type=int, default=8, help="trees per target forward (1 = no batching)")
-    s.add_argument("--idle-timeout", type=float, default=600.0, help="free a silent session's KV after this many s")
+    s.add_argument("--idle-timeout", type=float, default=600.0,
+                   help="free a silent session's KV after this many s (its connection gets ErrorFrame(timeout))")
     s.add_argument("--grace", type=float, default=30.0, help="keep a dropped session's KV this long for a resume")
 
     g = sub.add_parser("generate", help="generate with edge drafting and cloud verification")
@@ -100,15 +106,14 @@ def main(argv: list[str] | None = None) -> int:
         import importlib
 
         mod, fn = DELEGATED[argv[0]].split(":")
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+        setup_logging(verbose=False)
         try:
             return getattr(importlib.import_module(mod), fn)(argv[1:])
         except RapidError as e:
             print(f"rapid {argv[0]}: error: {e}", file=sys.stderr)
             return 2
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    setup_logging(args.verbose)
     try:
         return _dispatch(args)
     except RapidError as e:
@@ -137,7 +142,8 @@ def _dispatch(args) -> int:
                          args.max_context, args.max_nodes, token_file=args.token_file, cert=args.cert,
                          key=args.key, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
                          idle_timeout=args.idle_timeout, grace=args.grace, verify=args.verify,
-                         device=args.device)
+                         device=args.device, hello_timeout=args.hello_timeout,
+                         max_connections=args.max_connections)
     if args.cmd == "generate":
         from rapid.runtime.generate import run_generate
 

@@ -16,6 +16,16 @@ that knows both refuses a mismatch (``incompatible``).
 
 ``decode`` never raises anything but ``WireError`` (with a machine-readable ``code``), whatever
 bytes it is given.
+
+Size limits. An integer array holds at most ``MAX_ARRAY`` (2^20) values and a string at most
+``MAX_STR`` bytes. The largest legal frame is a ``Tree`` with two full arrays (2 × 4 MiB of
+int32) plus a few dozen bytes of msgpack keys and scalars, so ``MAX_FRAME_BYTES`` (the protocol
+limit ``decode`` enforces) is 8 MiB + ``MAX_STR``: every frame whose fields are within their
+limits fits. The websocket transport accepts messages up to ``TRANSPORT_MAX_BYTES``, 1 MiB
+above the protocol limit, so a frame that is a little too large reaches ``decode`` and is
+answered with ``ErrorFrame("too_large")`` on a connection that stays usable; only a message
+beyond the transport limit closes the connection (websocket close code 1009). Both ends use
+these constants.
 """
 
 from __future__ import annotations
@@ -27,9 +37,10 @@ import msgpack
 import numpy as np
 
 PROTOCOL_VERSION = 1
-MAX_FRAME_BYTES = 8 * 1024 * 1024
-MAX_ARRAY = 1 << 20
-MAX_STR = 1 << 16
+MAX_ARRAY = 1 << 20  # values in one integer array (int32 on the wire)
+MAX_STR = 1 << 16  # bytes in one string
+MAX_FRAME_BYTES = 2 * 4 * MAX_ARRAY + MAX_STR  # a Tree with two full arrays, and room to spare
+TRANSPORT_MAX_BYTES = MAX_FRAME_BYTES + (1 << 20)  # websocket max_size: too-large frames reach decode
 
 
 class WireError(Exception):

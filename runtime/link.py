@@ -22,6 +22,11 @@ No verdict waits forever: one round, re-sends and reconnects included, may take 
 
 (cap = ``verdict_timeout_s``), after which ``verdict`` raises ``CloudError("deadline")``.
 
+A cloud that answers but is full (``ErrorFrame("full")`` at its session limit, HTTP 503 at its
+connection limit) is retried only for ``full_retry_s`` (a few seconds, for a slot that is being
+freed), then the open or reconnect fails with ``CloudError("full")``: the cloud is reachable, and
+``max_retry_s`` of retries ending in "unreachable" would misreport it.
+
 Each connection has a generation number; frames of an older connection are dropped unread, and a
 verdict is applied only for the pending round with the expected committed length, so a late or
 duplicated result is never applied twice.
@@ -42,7 +47,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from rapid.auth import bearer
 from rapid.errors import RapidError
 from rapid.wire import (
-    MAX_FRAME_BYTES,
+    TRANSPORT_MAX_BYTES,
     Bye,
     ErrorFrame,
     Hello,
@@ -56,7 +61,9 @@ from rapid.wire import (
 
 log = logging.getLogger("rapid.edge.link")
 
-RETRYABLE = {"busy", "no_session", "closed", "timeout"}
+RETRYABLE = {"no_session", "closed", "timeout"}
+FULL = {"full", "busy"}  # the cloud is at its session limit ("busy": what older clouds sent)
+FULL_RETRY_S = 3.0  # a full cloud is retried this long, then the open fails with CloudError("full")
 VERDICT_FACTOR = 10.0  # a round may take this many times the session's slowest verdict so far
 VERDICT_FLOOR_S = 30.0  # ... but at least this (the first round includes the cloud's prefill)
 
@@ -74,6 +81,10 @@ class _Lost(Exception):
     """The current connection is gone or silent (internal: triggers a reconnect)."""
 
 
+class _Full(_Lost):
+    """The cloud answered but is at its limit (ErrorFrame full, or HTTP 503 at its connection cap)."""
+
+
 class _CannotConnect(_Lost):
     """Dialling failed: nothing answered at the URL (internal: the first open fails fast)."""
 
@@ -82,7 +93,8 @@ class CloudLink:
     def __init__(self, url: str, open_timeout: float = 10.0, delay_s: float = 0.0, *, token: str | None = None,
                  ssl=None, retry_timeout: float = 30.0, max_retry_s: float = 60.0, backoff_s: float = 0.05,
                  backoff_max_s: float = 2.0, reconnect: bool = True, rng: random.Random | None = None,
-                 verdict_timeout_s: float = 120.0, tokenizer: str = "") -> None:
+                 verdict_timeout_s: float = 120.0, tokenizer: str = "",
+                 full_retry_s: float = FULL_RETRY_S) -> None:
         if verdict_timeout_s <= 0:
             raise ValueError(f"verdict_timeout_s must be > 0, got {verdict_timeout_s}")
         self.url = url
@@ -92,6 +104,7 @@ class CloudLink:
         self.ssl = ssl
         self.retry_timeout = retry_timeout  # silence before re-sending / reconnecting
         self.max_retry_s = max_retry_s  # give up reconnecting after this long
+        self.full_retry_s = full_retry_s  # give up waiting for a full cloud after this long
         self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
         self.reconnect = reconnect
         self.verdict_timeout_s = verdict_timeout_s  # hard cap on one round's wait (module docstring)
@@ -119,12 +132,14 @@ class CloudLink:
         """Open a new connection (generation ``_gen + 1``); the old one is abandoned."""
         kw = {"ssl": self.ssl} if self.ssl is not None else {}
         try:
-            ws = await connect(self.url, open_timeout=self.open_timeout, max_size=MAX_FRAME_BYTES,
+            ws = await connect(self.url, open_timeout=self.open_timeout, max_size=TRANSPORT_MAX_BYTES,
                                compression=None, additional_headers=bearer(self.token), **kw)
         except websockets.InvalidStatus as e:
             status = e.response.status_code
             if status == 401:
                 raise CloudError("unauthorized", "the cloud rejected the token (HTTP 401)") from None
+            if status == 503:
+                raise _Full("the cloud is at its connection limit (HTTP 503)") from None
             raise _Lost(f"handshake answered HTTP {status}") from None
         except (OSError, TimeoutError, websockets.InvalidHandshake, websockets.ConnectionClosed) as e:
             raise _CannotConnect(f"cannot connect to {self.url}: {e}") from None
@@ -187,6 +202,8 @@ class CloudLink:
             if isinstance(frame, Ready):
                 break
             if isinstance(frame, ErrorFrame):
+                if frame.code in FULL:
+                    raise _Full(frame.reason)
                 if frame.code in RETRYABLE:
                     raise _Lost(f"{frame.code}: {frame.reason}")
                 raise CloudError(frame.code, frame.reason)
@@ -217,7 +234,7 @@ class CloudLink:
         if not self.reconnect or self._hello is None:
             raise CloudError("closed", why)
         log.info("cloud link lost (%s): reconnecting", why)
-        t0, attempt = time.monotonic(), 0
+        t0, attempt, full_since = time.monotonic(), 0, None
         while True:
             if attempt:
                 delay = min(self.backoff_max_s, self.backoff_s * 2 ** (attempt - 1))
@@ -227,6 +244,12 @@ class CloudLink:
             try:
                 old = self.session
                 ready = await self._handshake(old)
+            except _Full as e:  # reachable but full: a short wait for a slot, not the long reconnect budget
+                full_since = full_since or time.monotonic()
+                if time.monotonic() - full_since >= self.full_retry_s:
+                    raise CloudError("full", f"the cloud is full ({e}); gave up after {attempt} tries "
+                                             f"in {time.monotonic() - full_since:.1f}s") from None
+                continue
             except _Lost as e:
                 if time.monotonic() - t0 > self.max_retry_s:
                     raise CloudError("unreachable", f"gave up reconnecting after {attempt} tries: {e}") from None
@@ -246,10 +269,17 @@ class CloudLink:
         self._pending = None
         self.session = None
         try:
+            return await self._first_handshake()
+        except CloudError:
+            await self._abandon()  # a failed open leaves no connection behind (the cloud would hold it)
+            raise
+
+    async def _first_handshake(self) -> Ready:
+        try:
             return await self._handshake(None)
         except _Lost as e:
             if not self.reconnect:
-                raise CloudError("unreachable", str(e)) from None
+                raise CloudError("full" if isinstance(e, _Full) else "unreachable", str(e)) from None
             if isinstance(e, _CannotConnect):  # nothing listens there: fail fast on the first open
                 raise CloudError("unreachable", str(e)) from None
             await self._recover(str(e))

@@ -44,7 +44,7 @@ from rapid.wire import (
 VALID = [
     Hello([1, 2, 3], 0.7, 0.9, 20, 5, 16), Hello([7], session="abcd"), Tree(0, [1, 2, 3], [-1, 0, 1]),
     Tree(3, [], []), Bye(), Ready("s", 259, 64, 8, 3), VerdictFrame(1, [0, 1], 5, 9, 0.01),
-    ErrorFrame("busy", "full", None),
+    ErrorFrame("full", "at its limit of 8 sessions", None),
 ]
 FIELDS = ["t", "prompt", "tokens", "parents", "path", "round", "seed", "temperature", "top_p", "top_k",
           "max_nodes", "session", "v", "bonus", "committed", "code", "reason", "bogus"]

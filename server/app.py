@@ -7,6 +7,13 @@ other connections; with ``max_batch > 1`` trees of different sessions that arriv
 frame or a tree is answered with an ``ErrorFrame`` carrying a reason; the connection stays
 usable and other sessions are untouched.
 
+Connections: at most ``limits.max_connections`` are open at once (beyond it the upgrade is
+answered HTTP 503, ``rapid.server.connections``). A connection must hold a session within
+``limits.hello_timeout_s`` of connecting, or it gets ``ErrorFrame("timeout")`` and is closed.
+The server also closes, after an error frame, a connection whose session it took away: reaped
+after ``limits.idle_timeout_s`` without a frame (``timeout``) or resumed on another connection
+(``no_session``). Every open connection thus holds a live session or has a deadline.
+
 Security: with a token configured, the HTTP upgrade must carry ``Authorization: Bearer <token>``
 or it is answered 401 before any frame is read (``rapid.auth``). ``GET /health`` is open,
 ``GET /metrics`` (Prometheus text) needs the token too. TLS is the ``ssl`` context given to
@@ -30,17 +37,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 import websockets
 from websockets.asyncio.server import ServerConnection, serve
+from websockets.protocol import State
 
-from rapid.auth import check_authorization
+from rapid.auth import check_authorization_headers
 from rapid.errors import RapidError
 from rapid.modeling import Decoder
 from rapid.sampling import SamplingParams
 from rapid.server.batching import Batcher
+from rapid.server.connections import ConnectionGate
 from rapid.server.metrics import ServerMetrics
 from rapid.server.sessions import Entry, Limits, SessionTable
 from rapid.server.target import PromptTooLongError, TargetSession
 from rapid.wire import (
-    MAX_FRAME_BYTES,
+    TRANSPORT_MAX_BYTES,
     Bye,
     ErrorFrame,
     Hello,
@@ -53,6 +62,12 @@ from rapid.wire import (
 )
 
 log = logging.getLogger("rapid.server")
+CLOSE_S = 5.0  # a server-initiated close (error frame + closing handshake) takes at most this long
+
+
+def _peer(connection: ServerConnection) -> str:
+    addr = connection.remote_address
+    return f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) and len(addr) >= 2 else str(addr)
 
 
 class VerifierServer:
@@ -67,6 +82,8 @@ class VerifierServer:
         self.answer_delay = answer_delay  # seconds to hold each verdict (transport-delay emulation)
         self.limits = limits or Limits()
         self.sessions = SessionTable(self.limits)
+        self.gate = ConnectionGate(self.limits.max_connections)
+        self._closers: set[asyncio.Task] = set()  # connections being closed by the server
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rapid-verify")
         self.token = token
         self.metrics = ServerMetrics()
@@ -83,19 +100,30 @@ class VerifierServer:
         path = request.path.split("?", 1)[0]
         if path == "/health":
             return connection.respond(http.HTTPStatus.OK, "ok\n")
-        if not check_authorization(request.headers.get("Authorization"), self.token):
+        if not check_authorization_headers(request.headers.get_all("Authorization"), self.token):
             self.metrics.auth_failures.inc()
+            log.warning("refused %s from %s: missing or wrong bearer token (HTTP 401)", path,
+                        _peer(connection))
             return connection.respond(http.HTTPStatus.UNAUTHORIZED, "missing or wrong bearer token\n")
         if path == "/metrics":
             self._refresh_gauges()
             resp = connection.respond(http.HTTPStatus.OK, self.metrics.render().decode())
             resp.headers["Content-Type"] = "text/plain; version=0.0.4; charset=utf-8"
             return resp
+        if not self.gate.admit(connection):
+            self.metrics.connections_refused.inc()
+            log.warning("refused a connection from %s: at the limit of %d open connections (HTTP 503)",
+                        _peer(connection), self.gate.cap)
+            resp = connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
+                                      f"the verifier is at its limit of {self.gate.cap} connections; retry later\n")
+            resp.headers["Retry-After"] = "1"
+            return resp
         return None
 
     def _refresh_gauges(self) -> None:
         self.metrics.sessions_active.set(len(self.sessions))
         self.metrics.sessions_detached.set(self.sessions.detached)
+        self.metrics.connections_open.set(self.gate.open)
 
     def _on_batch(self, size: int, seconds: float) -> None:
         self.metrics.batch_size.observe(size)
@@ -112,11 +140,20 @@ class VerifierServer:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     async def handle(self, ws: ServerConnection) -> None:
+        """Serve one connection. Until it holds a session it must send a Hello that succeeds within
+        ``limits.hello_timeout_s`` of connecting, or it gets ErrorFrame("timeout") and is closed."""
         self.stats["connections"] += 1
         sid: str | None = None
         bye = False
+        hello_by = time.monotonic() + self.limits.hello_timeout_s
         try:
-            async for message in ws:
+            while True:
+                try:
+                    message = await self._receive(ws, None if sid is not None else hello_by)
+                except TimeoutError:
+                    why = f"no session within {self.limits.hello_timeout_s:g} s of connecting; send hello first"
+                    await self._close_with(ws, self._error("timeout", why), "hello_timeout")
+                    break
                 reply, sid = await self._on_message(message, sid, ws)
                 if reply is None:
                     bye = True
@@ -125,11 +162,44 @@ class VerifierServer:
         except websockets.ConnectionClosed:
             pass
         finally:
+            self.gate.release(ws)
             if bye:
                 self.sessions.drop(sid, ws)
             else:  # vanished: keep the KV for a resume during the grace period
                 self.sessions.detach(sid, ws)
             self._refresh_gauges()
+
+    @staticmethod
+    async def _receive(ws: ServerConnection, deadline: float | None):
+        if deadline is None:
+            return await ws.recv()
+        return await asyncio.wait_for(ws.recv(), deadline - time.monotonic())  # cancelling recv loses nothing
+
+    async def _close_with(self, ws: ServerConnection, frame: ErrorFrame, reason: str) -> None:
+        """Send ``frame`` and close ``ws`` (within CLOSE_S, else abort); counted by ``reason``."""
+        self.metrics.connections_closed.labels(reason).inc()
+        log.info("closing the connection from %s (%s): %s", _peer(ws), reason, frame.reason)
+        async def say_and_close() -> None:
+            await ws.send(encode(frame))
+            await ws.close(1008 if reason == "hello_timeout" else 1000, reason)
+
+        try:
+            await asyncio.wait_for(say_and_close(), CLOSE_S)
+        except (TimeoutError, websockets.ConnectionClosed):
+            pass
+        finally:
+            if ws.transport is not None and ws.state is not State.CLOSED:
+                ws.transport.abort()
+
+    def _evict(self, ws: ServerConnection, frame: ErrorFrame, reason: str) -> None:
+        """Close a connection whose session the server took away (reaped, resumed elsewhere)."""
+        task = asyncio.get_running_loop().create_task(self._close_with(ws, frame, reason))
+        self._closers.add(task)
+        task.add_done_callback(self._closers.discard)
+
+    def _full(self) -> ErrorFrame:
+        return self._error("full", f"the cloud is at its limit of {self.limits.max_sessions} sessions "
+                                   "(--max-sessions); retry later")
 
     def _error(self, code: str, reason: str, round_id: int | None = None) -> ErrorFrame:
         self.stats["errors"] += 1
@@ -171,7 +241,10 @@ class VerifierServer:
             e = self.sessions.entry(h.session)
             if e is not None and e.session.params == params and e.session.tokens[:len(h.prompt)] == list(h.prompt) \
                     and len(e.session.tokens) - len(h.prompt) <= e.session.max_nodes + 1:
-                self.sessions.attach(e.sid, ws)  # takes over from a connection that may not know it is dead
+                if e.owner is not None and e.owner is not ws:  # it may not know it is dead: close it
+                    self._evict(e.owner, self._error("no_session", f"session {e.sid} was resumed on another connection"),
+                                "moved")
+                self.sessions.attach(e.sid, ws)
                 self.stats["resumed"] += 1
                 self.metrics.sessions.labels("resumed").inc()
                 self._refresh_gauges()
@@ -180,7 +253,7 @@ class VerifierServer:
                              len(e.session.tokens), self.flat_nodes, self.tokenizer), e.sid
             kind = "reprefilled"  # the cloud lost it (restart, expiry): prefill the committed tokens
         if not self.sessions.make_room():
-            return self._error("busy", f"the server is at its limit of {self.limits.max_sessions} sessions; retry later"), sid
+            return self._full(), sid
         try:
             session = await self._run(
                 lambda: TargetSession(self.model, h.prompt, params, self.limits.max_context, max_nodes,
@@ -189,7 +262,7 @@ class VerifierServer:
             code = "context" if isinstance(e, PromptTooLongError) else "bad_hello"
             return self._error(code, str(e)), sid
         if not self.sessions.make_room():  # others were admitted while this one prefilled
-            return self._error("busy", f"the server is at its limit of {self.limits.max_sessions} sessions; retry later"), sid
+            return self._full(), sid
         sid = self.sessions.add(session, ws)
         self.metrics.sessions.labels(kind).inc()
         self._refresh_gauges()
@@ -240,8 +313,11 @@ class VerifierServer:
         every = every_s or max(0.05, min(1.0, self.limits.grace_s / 4 or 1.0, self.limits.idle_timeout_s / 4))
         while True:
             await asyncio.sleep(every)
-            for sid, why in self.sessions.reap():
+            for sid, why, owner in self.sessions.reap():
                 log.info("session %s freed (%s)", sid, why)
+                if owner is not None:
+                    self._evict(owner, self._error("timeout", f"session {sid} was freed after "
+                                f"{self.limits.idle_timeout_s:g} s without a frame; connect again"), "idle")
             self._refresh_gauges()
 
 
@@ -250,7 +326,7 @@ async def serve_forever(server: VerifierServer, host: str, port: int,
                         ssl=None) -> None:
     reaper = asyncio.create_task(server.reap_forever())
     try:
-        async with serve(server.handle, host, port, max_size=MAX_FRAME_BYTES, compression=None,
+        async with serve(server.handle, host, port, max_size=TRANSPORT_MAX_BYTES, compression=None,
                          process_request=server.process_request, ssl=ssl) as ws_server:
             addr = ws_server.sockets[0].getsockname()
             log.info("verifier listening on %s://%s:%d", "wss" if ssl else "ws", addr[0], addr[1])

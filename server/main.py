@@ -7,6 +7,7 @@ import logging
 import signal
 
 from rapid.auth import load_token, server_ssl_context
+from rapid.errors import RapidError
 from rapid.server.app import VerifierServer, serve_forever
 from rapid.server.invariance import probe
 from rapid.server.sessions import Limits
@@ -70,13 +71,18 @@ def run_serve(target: str, host: str, port: int, threads: int = 1, dtype: str = 
               max_sessions: int = 16, max_context: int = 4096, max_nodes: int = 64, *,
               token_file: str | None = None, cert: str | None = None, key: str | None = None,
               batch_window_ms: float = 2.0, max_batch: int = 8, idle_timeout: float = 600.0,
-              grace: float = 30.0, verify: str = "auto", device: str = "auto") -> int:
+              grace: float = 30.0, verify: str = "auto", device: str = "auto", hello_timeout: float = 10.0,
+              max_connections: int = 0) -> int:
+    try:
+        limits = Limits(max_sessions, max_context, max_nodes, grace, idle_timeout, hello_timeout, max_connections)
+    except ValueError as e:
+        raise RapidError(str(e)) from None
     token = load_token(token_file)
     ssl_ctx = server_ssl_context(cert, key)
     log.info("loading target %s (%s, %d thread(s))", target, dtype, threads)
     model, tokenizer = load_target(target, dtype, threads, device)
     mode = choose_verify_mode(model, verify)
-    server = VerifierServer(model, Limits(max_sessions, max_context, max_nodes, grace, idle_timeout), token=token,
+    server = VerifierServer(model, limits, token=token,
                             batch_window_ms=batch_window_ms, max_batch=max_batch, verify_mode=mode,
                             flat_nodes=measured_flat_nodes(model, mode), tokenizer=fingerprint(tokenizer))
 

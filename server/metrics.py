@@ -31,6 +31,9 @@ class ServerMetrics:
         self.batch_size = Histogram("rapid_verify_batch_size", "Trees per target forward", buckets=BATCH_BUCKETS, registry=r)
         self.errors = Counter("rapid_errors", "Error frames sent, by code", ["kind"], registry=r)
         self.auth_failures = Counter("rapid_auth_failures", "Handshakes rejected with HTTP 401", registry=r)
+        self.connections_open = Gauge("rapid_connections_open", "Websocket connections open (with or without a session)", registry=r)
+        self.connections_refused = Counter("rapid_connections_refused", "Upgrades refused with HTTP 503 at --max-connections", registry=r)
+        self.connections_closed = Counter("rapid_connections_closed", "Connections the server closed, by reason", ["reason"], registry=r)  # hello_timeout|idle|moved
         self._rounds = 0
         self._accepted = 0
 

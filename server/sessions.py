@@ -3,7 +3,8 @@
 A session outlives its connection: when a connection drops without ``Bye`` the session is
 *detached* and kept for ``grace_s`` so the edge can reconnect and resume it (``Hello.session``).
 Detached sessions are freed when the grace period ends, or earlier when a new session needs the
-room. An attached session that sends nothing for ``idle_timeout_s`` is freed too.
+room. An attached session that sends nothing for ``idle_timeout_s`` is freed too, and the server
+closes its connection with an error frame (``reap`` returns the owner for that).
 
 Each entry remembers its recent verdicts by round id, so a tree re-sent after a lost verdict is
 answered with the stored verdict instead of being verified (applied) a second time.
@@ -21,6 +22,7 @@ from typing import Any
 from rapid.server.target import TargetSession
 
 VERDICT_MEMORY = 8  # rounds remembered per session
+CONNECTIONS_PER_SESSION = 4  # default connection cap per session slot (resumes overlap dying connections)
 
 
 @dataclass(slots=True, frozen=True)
@@ -29,11 +31,20 @@ class Limits:
     max_context: int = 4096  # KV entries per session (prompt + generated + tree)
     max_nodes: int = 64  # tree nodes per verification
     grace_s: float = 30.0  # a detached session is kept this long for a resume
-    idle_timeout_s: float = 600.0  # an attached session silent this long is freed
+    idle_timeout_s: float = 600.0  # an attached session silent this long is freed (its connection closed)
+    hello_timeout_s: float = 10.0  # a connection without a session within this long is closed
+    max_connections: int = 0  # open websocket connections (0 = CONNECTIONS_PER_SESSION × max_sessions)
 
     def __post_init__(self) -> None:
-        if self.max_sessions < 1 or self.max_context < 8 or self.max_nodes < 1 or self.grace_s < 0 or self.idle_timeout_s <= 0:
-            raise ValueError(f"nonsensical limits: {self}")
+        if self.max_connections == 0:
+            object.__setattr__(self, "max_connections", CONNECTIONS_PER_SESSION * self.max_sessions)
+        rules = (("max_sessions", self.max_sessions >= 1, ">= 1"), ("max_context", self.max_context >= 8, ">= 8"),
+                 ("max_nodes", self.max_nodes >= 1, ">= 1"), ("grace_s", self.grace_s >= 0, ">= 0"),
+                 ("idle_timeout_s", self.idle_timeout_s > 0, "> 0"), ("hello_timeout_s", self.hello_timeout_s > 0, "> 0"),
+                 ("max_connections", self.max_connections >= 1, ">= 1 (0 = the default)"))
+        for name, ok, rule in rules:
+            if not ok:
+                raise ValueError(f"limit {name} must be {rule}, got {getattr(self, name)}")
 
 
 @dataclass(slots=True)
@@ -113,14 +124,15 @@ class SessionTable:
         if e is not None and (owner is None or e.owner is owner):
             self._entries.pop(e.sid, None)
 
-    def reap(self) -> list[tuple[str, str]]:
-        """Free sessions past their grace period or idle timeout; return [(sid, why)]."""
+    def reap(self) -> list[tuple[str, str, Any]]:
+        """Free sessions past their grace period or idle timeout; return [(sid, why, owner)]
+        (owner: the connection an idle session was attached to, None for an expired detached one)."""
         now, out = self.clock(), []
         for e in list(self._entries.values()):
             if e.owner is None and e.detached_at is not None and now - e.detached_at >= self.limits.grace_s:
-                out.append((e.sid, "grace"))
+                out.append((e.sid, "grace", None))
             elif e.owner is not None and now - e.last_active >= self.limits.idle_timeout_s and not e.lock.locked():
-                out.append((e.sid, "idle"))
-        for sid, _ in out:
+                out.append((e.sid, "idle", e.owner))
+        for sid, _, _ in out:
             self._entries.pop(sid, None)
         return out

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 FOLDERS = {"export": "rapid.export", "engines": "rapid.engines", "runtime": "rapid.runtime",
            "server": "rapid.server", "bench": "rapid.bench"}
 # the torch-free core both sides share (rapid/<name>.py)
-CORE = {"rapid", "rapid.acceptance", "rapid.auth", "rapid.errors", "rapid.geometry", "rapid.manifest",
+CORE = {"rapid", "rapid.acceptance", "rapid.auth", "rapid.errors", "rapid.geometry", "rapid.logsafe", "rapid.manifest",
         "rapid.procs", "rapid.sampling", "rapid.trt_support", "rapid.vocab", "rapid.wire"}
 LAYERS = tuple(FOLDERS.values())
 FORBIDDEN = {

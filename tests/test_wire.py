@@ -253,6 +253,20 @@ def test_oversize_frame():
     assert code_of(b"\x00" * (MAX_FRAME_BYTES + 1)) == "too_large"
 
 
+def test_the_largest_legal_frames_fit_the_protocol_limit():
+    """A tree with two arrays at MAX_ARRAY, and a Hello with a full prompt and the longest session
+    string, encode within MAX_FRAME_BYTES and decode; the transport limit sits above it."""
+    n = wire.MAX_ARRAY
+    tree = Tree(2**40, [7] * n, [-1] * n)
+    data = encode(tree)
+    assert len(data) <= MAX_FRAME_BYTES < wire.TRANSPORT_MAX_BYTES
+    back = decode(data)
+    assert isinstance(back, Tree) and back.round == tree.round and len(back.tokens) == len(back.parents) == n
+    assert back.tokens[-1] == 7 and back.parents[0] == -1
+    hello = Hello([1] * n, session="s" * wire.MAX_STR, max_nodes=2**40, seed=2**63)
+    assert len(encode(hello)) <= MAX_FRAME_BYTES and decode(encode(hello)).session == hello.session
+
+
 def test_array_longer_than_max_array():
     n = wire.MAX_ARRAY + 1
     assert code_of(pack({**GOOD["tree"], "tokens": b"\x00" * (4 * n)})) == "bad_frame"

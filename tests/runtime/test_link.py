@@ -135,3 +135,42 @@ def test_the_verdict_deadline_follows_the_slowest_round_between_floor_and_cap():
     assert CloudLink("ws://127.0.0.1:1", verdict_timeout_s=1.0).verdict_deadline_s() == 1.0  # the cap rules
     with pytest.raises(ValueError):
         CloudLink("ws://127.0.0.1:1", verdict_timeout_s=0)
+
+
+def test_a_full_cloud_is_retried_briefly_and_a_freed_slot_is_taken():
+    """The peer is full for the first two Hellos, then has room: open() succeeds on a retry."""
+    answers = [ErrorFrame("full", "at its limit of 1 sessions"), ErrorFrame("full", "at its limit of 1 sessions")]
+
+    async def handler(ws):
+        async for data in ws:
+            frame = decode(data)
+            if isinstance(frame, Hello):
+                await ws.send(encode(answers.pop(0) if answers else Ready("s1", 100, 512, 8, len(frame.prompt))))
+
+    async def run():
+        port = free_port()
+        async with serve(handler, "127.0.0.1", port):
+            link = CloudLink(f"ws://127.0.0.1:{port}", backoff_s=0.01, full_retry_s=3.0)
+            ready = await link.open(Hello([1, 2]))
+            assert ready.session == "s1" and link.stats["reconnects"] == 2
+            await link.close()
+
+    asyncio.run(asyncio.wait_for(run(), 10))
+
+
+@pytest.mark.parametrize("reconnect", [True, False])
+def test_http_503_is_a_full_cloud_not_an_unreachable_one(reconnect):
+    def refuse(connection, request):
+        return connection.respond(503, "at its limit of 4 connections\n")
+
+    async def run():
+        port = free_port()
+        async with serve(lambda ws: None, "127.0.0.1", port, process_request=refuse):
+            link = CloudLink(f"ws://127.0.0.1:{port}", backoff_s=0.01, full_retry_s=0.5, reconnect=reconnect)
+            t0 = time.monotonic()
+            with pytest.raises(CloudError) as e:
+                await link.open(Hello([1]))
+            assert e.value.code == "full" and "HTTP 503" in e.value.reason
+            assert time.monotonic() - t0 < 3.0
+
+    asyncio.run(asyncio.wait_for(run(), 10))

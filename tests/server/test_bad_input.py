@@ -14,7 +14,17 @@ from rapid.server.app import VerifierServer
 from rapid.server.background import BackgroundServer
 from rapid.server.sessions import Limits
 from rapid.server.target import reference_decode
-from rapid.wire import ErrorFrame, Hello, Ready, Tree, VerdictFrame, decode, encode
+from rapid.wire import (
+    MAX_ARRAY,
+    MAX_FRAME_BYTES,
+    ErrorFrame,
+    Hello,
+    Ready,
+    Tree,
+    VerdictFrame,
+    decode,
+    encode,
+)
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +105,20 @@ def test_bad_trees_get_error_frames_and_session_continues(cloud, tokens, parents
     assert isinstance(ok, VerdictFrame) and ok.round == 1
 
 
+def test_a_frame_over_the_protocol_limit_gets_an_error_frame_and_the_connection_stays(cloud):
+    too_big = msgpack.packb({"t": "tree", "round": 0, "tokens": b"\x00" * MAX_FRAME_BYTES, "parents": b""})
+    err, ready, verdict = exchange(cloud.url, too_big, Hello([1, 2]), Tree(0, [], []))
+    assert isinstance(err, ErrorFrame) and err.code == "too_large" and str(MAX_FRAME_BYTES) in err.reason
+    assert isinstance(ready, Ready) and isinstance(verdict, VerdictFrame)
+
+
+def test_a_tree_at_the_array_maximum_reaches_the_tree_checks(cloud):
+    """The documented maximum frame crosses the transport: the session's node limit answers it."""
+    ready, err = exchange(cloud.url, Hello([1, 2]), Tree(0, [1] * MAX_ARRAY, [-1] * MAX_ARRAY))
+    assert isinstance(ready, Ready)
+    assert isinstance(err, ErrorFrame) and err.code == "bad_tree" and "session limit" in err.reason
+
+
 def test_prompt_longer_than_context(cloud):
     (reply,) = exchange(cloud.url, Hello(list(range(100))))
     assert isinstance(reply, ErrorFrame) and reply.code == "context" and "context" in reply.reason
@@ -107,14 +131,14 @@ def test_tree_before_hello_and_double_hello(cloud):
     assert isinstance(r2, ErrorFrame) and r2.code == "bad_state"
 
 
-def test_session_limit_gives_busy_and_frees_on_close(cloud):
+def test_session_limit_gives_full_and_frees_on_close(cloud):
     async def run():
         conns = [await connect(cloud.url) for _ in range(3)]
         for c in conns:
             await c.send(encode(Hello([1, 2])))
             assert isinstance(decode(await c.recv()), Ready)
-        (busy,) = await _exchange(cloud.url, [encode(Hello([1, 2]))])
-        assert isinstance(busy, ErrorFrame) and busy.code == "busy"
+        (full,) = await _exchange(cloud.url, [encode(Hello([1, 2]))])
+        assert isinstance(full, ErrorFrame) and full.code == "full" and "limit of 3 sessions" in full.reason
         await conns[0].close()
         await asyncio.sleep(0.2)
         (ok,) = await _exchange(cloud.url, [encode(Hello([1, 2]))])

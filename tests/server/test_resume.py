@@ -4,8 +4,10 @@ freeing a vanished client's KV, crash isolation, idle timeout, admission when fu
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
+import websockets
 from websockets.asyncio.client import connect
 
 from rapid.sampling import SamplingParams
@@ -125,21 +127,43 @@ def test_vanished_client_frees_kv_after_grace(make_cloud):
     asyncio.run(run())
 
 
-def test_idle_session_is_freed(make_cloud):
+def test_idle_session_is_freed_and_its_connection_closed_with_an_error_frame(make_cloud):
     cloud = make_cloud(idle_timeout_s=0.3)
 
     async def run():
         async with connect(cloud.url) as ws:
-            await rpc(ws, Hello([1, 2]))
-            await asyncio.sleep(1.0)
-            assert len(cloud.server.sessions) == 0
-            reply = await rpc(ws, Tree(0, [], []))
-            assert isinstance(reply, ErrorFrame) and reply.code == "no_session"
+            ready = await rpc(ws, Hello([1, 2]))
+            t0 = time.monotonic()
+            err = decode(await asyncio.wait_for(ws.recv(), 5))  # unasked: the server speaks first
+            assert isinstance(err, ErrorFrame) and err.code == "timeout" and ready.session in err.reason
+            assert 0.25 < time.monotonic() - t0 < 3.0 and len(cloud.server.sessions) == 0
+            with pytest.raises(websockets.ConnectionClosedOK):
+                await asyncio.wait_for(ws.recv(), 5)
+        async with connect(cloud.url) as ws:  # the edge's way back: Hello again on a new connection
+            again = await rpc(ws, Hello([1, 2], session=ready.session))
+            assert isinstance(again, Ready) and again.session != ready.session  # re-prefilled
+
+    asyncio.run(run())
+    assert 'rapid_connections_closed_total{reason="idle"} 1.0' in cloud.server.metrics.render().decode()
+
+
+def test_a_resumed_sessions_old_connection_is_closed(make_cloud):
+    cloud = make_cloud(grace_s=5.0)
+
+    async def run():
+        async with connect(cloud.url) as old, connect(cloud.url) as new:
+            ready = await rpc(old, Hello([1, 2]))
+            assert (await rpc(new, Hello([1, 2], session=ready.session))).session == ready.session
+            moved = decode(await asyncio.wait_for(old.recv(), 5))
+            assert isinstance(moved, ErrorFrame) and moved.code == "no_session" and "another connection" in moved.reason
+            with pytest.raises(websockets.ConnectionClosedOK):
+                await asyncio.wait_for(old.recv(), 5)
+            assert isinstance(await rpc(new, Tree(0, [], [])), VerdictFrame)
 
     asyncio.run(run())
 
 
-def test_detached_sessions_make_room_but_live_ones_give_busy(make_cloud):
+def test_detached_sessions_make_room_but_live_ones_give_full(make_cloud):
     cloud = make_cloud(max_sessions=2, grace_s=60)
 
     async def run():
@@ -148,8 +172,8 @@ def test_detached_sessions_make_room_but_live_ones_give_busy(make_cloud):
         b = await connect(cloud.url)
         await rpc(b, Hello([1]))
         async with connect(cloud.url) as c:
-            busy = await rpc(c, Hello([1]))
-            assert isinstance(busy, ErrorFrame) and busy.code == "busy"
+            full = await rpc(c, Hello([1]))
+            assert isinstance(full, ErrorFrame) and full.code == "full"
         abort(a)
         await asyncio.sleep(0.1)
         async with connect(cloud.url) as c:

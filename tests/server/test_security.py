@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
+import socket
 import ssl
+import sys
 import urllib.error
 import urllib.request
 
@@ -13,12 +15,19 @@ import pytest
 import websockets
 from websockets.asyncio.client import connect
 
-from rapid.auth import bearer, check_authorization, client_ssl_context, load_token
+from rapid.auth import (
+    bearer,
+    check_authorization,
+    check_authorization_headers,
+    client_ssl_context,
+    load_token,
+)
+from rapid.procs import free_port, start_listening, stop_server
 from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer, serve_forever
 from rapid.server.background import BackgroundServer
 from rapid.server.target import reference_decode
-from rapid.wire import Hello, Ready, Tree, VerdictFrame, decode, encode
+from rapid.wire import Bye, Hello, Ready, Tree, VerdictFrame, decode, encode
 
 TOKEN = "s3cret-token-\u00e9"
 
@@ -36,6 +45,10 @@ def test_check_authorization():
     assert check_authorization(f"Bearer {TOKEN}", TOKEN) and check_authorization(f"bearer  {TOKEN} ", TOKEN)
     for bad in (None, "", "Bearer", "Bearer wrong", f"Basic {TOKEN}", TOKEN, f"Bearer {TOKEN}x"):
         assert not check_authorization(bad, TOKEN), bad
+    good = f"Bearer {TOKEN}"
+    assert check_authorization_headers([good], TOKEN) and check_authorization_headers([good, good], None)
+    for bad in ([], [good, good], [good, "Bearer wrong"], ["Bearer wrong"]):
+        assert not check_authorization_headers(bad, TOKEN), bad
 
 
 def test_load_token(tmp_path, monkeypatch):
@@ -64,6 +77,26 @@ def test_wrong_or_missing_token_gets_401_before_any_work(cloud, headers):
     assert asyncio.run(run()) == 401
     assert cloud.server.stats["connections"] == before["connections"]  # the handler never ran
     assert len(cloud.server.sessions) == 0
+
+
+def raw_upgrade(url: str, header_lines: list[str]) -> bytes:
+    """Send a websocket upgrade request by hand (any headers, repeated ones too); the status line."""
+    host, port = url.removeprefix("ws://").split(":")
+    request = "\r\n".join(["GET / HTTP/1.1", f"Host: {host}:{port}", "Upgrade: websocket", "Connection: Upgrade",
+                            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13",
+                            *header_lines, "", ""])
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(request.encode("latin-1"))  # as websockets reads and writes headers
+        return sock.recv(4096).split(b"\r\n", 1)[0]
+
+
+@pytest.mark.parametrize("second", [f"Bearer {TOKEN}", "Bearer wrong"])
+def test_two_authorization_headers_get_401_and_are_counted(cloud, second):
+    before = cloud.server.metrics.auth_failures._value.get()
+    status = raw_upgrade(cloud.url, [f"Authorization: Bearer {TOKEN}", f"Authorization: {second}"])
+    assert status == b"HTTP/1.1 401 Unauthorized"
+    assert cloud.server.metrics.auth_failures._value.get() == before + 1
+    assert raw_upgrade(cloud.url, [f"Authorization: Bearer {TOKEN}"]) == b"HTTP/1.1 101 Switching Protocols"
 
 
 def test_right_token_decodes(cloud, tiny_pair):
@@ -157,3 +190,42 @@ def test_tls_and_token_end_to_end(tmp_path, tiny_pair):
             await task
 
     assert asyncio.run(run()) == reference_decode(target, [1, 2, 3], 12, SamplingParams(), (EOS_ID,))
+
+
+@pytest.mark.slow
+def test_verbose_serve_never_logs_the_token(tiny_dir, tmp_path):
+    """``rapid -v serve`` (root logger at DEBUG) with a token: an authenticated client decodes, a
+    wrong token and a missing one get 401, /metrics is read; the whole log never shows either
+    token, and it does record the refusals."""
+    token, wrong = "log-secret-Zq8x31", "wrong-secret-Pw0c77"
+    (tmp_path / "token").write_text(token + "\n")
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    cmd = [sys.executable, "-m", "rapid.cli", "-v", "serve", "--target", tiny_dir("target", seed=0, dtype="float64"),
+           "--dtype", "float64", "--port", str(port), "--token-file", str(tmp_path / "token")]
+    proc = start_listening(cmd, "127.0.0.1", port, timeout=120, log_path=log_path)
+    url = f"ws://127.0.0.1:{port}"
+
+    async def clients():
+        async with connect(f"{url}/?token={token}", additional_headers=bearer(token)) as ws:
+            await ws.send(encode(Hello([5, 6, 7])))
+            assert isinstance(decode(await ws.recv()), Ready)
+            await ws.send(encode(Tree(0, [], [])))
+            assert isinstance(decode(await ws.recv()), VerdictFrame)
+            await ws.send(encode(Bye()))
+        for headers in (bearer(wrong), {}):
+            with pytest.raises(websockets.InvalidStatus) as e:
+                async with connect(url, additional_headers=headers):
+                    pass
+            assert e.value.response.status_code == 401
+
+    try:
+        asyncio.run(clients())
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=bearer(token))
+        assert "rapid_auth_failures_total 2.0" in urllib.request.urlopen(req, timeout=5).read().decode()
+    finally:
+        stop_server(proc)
+    text = log_path.read_text()
+    assert "Using selector" in text  # asyncio's DEBUG line: -v really was in effect
+    assert token not in text and wrong not in text
+    assert text.count("missing or wrong bearer token (HTTP 401)") == 2 and "session" in text

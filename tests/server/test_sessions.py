@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from rapid.server.sessions import VERDICT_MEMORY, Entry, Limits, SessionTable
+from rapid.server.sessions import (
+    CONNECTIONS_PER_SESSION,
+    VERDICT_MEMORY,
+    Entry,
+    Limits,
+    SessionTable,
+)
 
 
 class Clock:
@@ -16,10 +22,16 @@ class Clock:
 
 
 @pytest.mark.parametrize("bad", [dict(max_sessions=0), dict(max_context=4), dict(max_nodes=0),
-                                 dict(grace_s=-1.0), dict(idle_timeout_s=0.0)])
+                                 dict(grace_s=-1.0), dict(idle_timeout_s=0.0), dict(hello_timeout_s=0.0),
+                                 dict(max_connections=-1)])
 def test_nonsensical_limits_are_refused(bad):
     with pytest.raises(ValueError):
         Limits(**bad)
+
+
+def test_the_connection_cap_defaults_to_a_multiple_of_the_session_limit():
+    assert Limits(max_sessions=3).max_connections == CONNECTIONS_PER_SESSION * 3
+    assert Limits(max_sessions=3, max_connections=5).max_connections == 5
 
 
 def test_add_get_attach_detach_drop():
@@ -65,14 +77,15 @@ def test_reap_grace_and_idle_on_the_tables_clock():
     clock = Clock()
     table = SessionTable(Limits(grace_s=5.0, idle_timeout_s=60.0), clock)
     owner = object()
-    gone, idle = table.add("gone", owner), table.add("idle", object())
+    idler = object()
+    gone, idle = table.add("gone", owner), table.add("idle", idler)
     table.detach(gone, owner)
     clock.now += 4.9
     assert table.reap() == []
     clock.now += 0.2
-    assert table.reap() == [(gone, "grace")]
+    assert table.reap() == [(gone, "grace", None)]
     clock.now += 60.0
-    assert table.reap() == [(idle, "idle")] and len(table) == 0
+    assert table.reap() == [(idle, "idle", idler)] and len(table) == 0
 
 
 def test_entry_remembers_only_the_last_verdicts():
