@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from rapid.errors import ContextFullError
+from rapid.errors import ContextFullError, RapidError
 
 
 @dataclass(slots=True, frozen=True)
@@ -72,16 +72,65 @@ class ReadyHandle:
         return self.value
 
 
-def check_step_args(kv_len: int, capacity: int, tokens: Sequence[int], positions: Sequence[int],
-                    allowed: np.ndarray) -> int:
-    """Validate a step's shapes; return T."""
-    t = len(tokens)
+class StepInputError(RapidError, ValueError):
+    """A step's tokens, positions, ``allowed`` matrix or ``rows`` have the wrong type, shape or range."""
+
+
+@dataclass(slots=True, frozen=True)
+class StepInputs:
+    """A validated step: what every backend feeds its graph."""
+
+    ids: np.ndarray  # [T] int64, each in [0, vocab)
+    pos: np.ndarray  # [T] int64, each >= 0
+    allowed: np.ndarray  # [T, kv_len + T] bool
+    rows: np.ndarray | None  # [R] int64, each in [0, T); None = all T rows
+
+
+def _int_vector(values: Sequence[int], what: str) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise StepInputError(f"{what} must be a 1-D sequence, got shape {list(arr.shape)}")
+    if arr.size and arr.dtype.kind not in "iu":  # bool and float are refused, not rounded
+        raise StepInputError(f"{what} must be integers, got dtype {arr.dtype}")
+    return arr.astype(np.int64, copy=False)
+
+
+def step_inputs(kv_len: int, capacity: int, tokens: Sequence[int], positions: Sequence[int],
+                allowed: np.ndarray, *, vocab: int | None = None,
+                rows: Sequence[int] | None = None) -> StepInputs:
+    """Validate a step's arguments (types, shapes, ranges) and return them as int64 / bool arrays.
+
+    ``allowed`` must already be boolean: a float or int matrix is refused, because an additive
+    mask (0 = attend, -1e9 = blocked) read as booleans would invert every entry.
+    """
+    ids = _int_vector(tokens, "tokens")
+    t = len(ids)
     if t == 0:
-        raise ValueError("a step needs at least one token")
-    if len(positions) != t:
-        raise ValueError(f"{len(positions)} positions for {t} tokens")
-    if allowed.shape != (t, kv_len + t):
-        raise ValueError(f"allowed must be [{t}, {kv_len + t}], got {list(allowed.shape)}")
+        raise StepInputError("a step needs at least one token")
+    pos = _int_vector(positions, "positions")
+    if len(pos) != t:
+        raise StepInputError(f"{len(pos)} positions for {t} tokens")
+    mask = np.asarray(allowed)
+    if mask.dtype != np.bool_:
+        raise StepInputError(f"allowed must be a boolean matrix (True = may attend), got dtype {mask.dtype}")
+    if mask.shape != (t, kv_len + t):
+        raise StepInputError(f"allowed must be [{t}, {kv_len + t}], got {list(mask.shape)}")
     if kv_len + t > capacity:
         raise ContextFullError(f"draft KV cache full: {kv_len} + {t} > capacity {capacity}")
-    return t
+    if vocab is not None and (ids.min() < 0 or ids.max() >= vocab):
+        raise StepInputError(f"token ids must lie in [0, {vocab}), got [{ids.min()}, {ids.max()}]")
+    if pos.min() < 0:
+        raise StepInputError(f"positions must be >= 0, got {pos.min()}")
+    sel = None
+    if rows is not None:
+        sel = _int_vector(list(rows), "rows")
+        if sel.size and (sel.min() < 0 or sel.max() >= t):
+            raise StepInputError(f"rows must lie in [0, {t}), got [{sel.min()}, {sel.max()}]")
+    return StepInputs(ids, pos, mask, sel)
+
+
+def check_step_args(kv_len: int, capacity: int, tokens: Sequence[int], positions: Sequence[int],
+                    allowed: np.ndarray, *, vocab: int | None = None,
+                    rows: Sequence[int] | None = None) -> int:
+    """Validate a step's arguments (see :func:`step_inputs`); return T."""
+    return len(step_inputs(kv_len, capacity, tokens, positions, allowed, vocab=vocab, rows=rows).ids)

@@ -148,14 +148,67 @@ def dtod_async(dst_ptr: int, src_ptr: int, nbytes: int, stream: Stream) -> None:
         require_pycuda().memcpy_dtod_async(dst_ptr, src_ptr, nbytes, stream.raw)
 
 
+class DeviceCopyError(RapidError):
+    """A device copy CUDA would reject (rows wider than a pitch) or leave undefined (overlap)."""
+
+
+class OverlappingCopyError(DeviceCopyError):
+    """A device copy whose source and destination bytes overlap."""
+
+
+def _row_starts(base: int, pitch: int, slice_height: int, height: int, depth: int) -> np.ndarray:
+    """Start address of every row of a [depth, height] region (rows ``slice_height`` per slice)."""
+    y = np.arange(height, dtype=np.int64) * pitch
+    z = np.arange(depth, dtype=np.int64) * (pitch * slice_height)
+    return (base + z[:, None] + y[None, :]).ravel()
+
+
+def regions_overlap(dst: int, dst_pitch: int, dst_height: int, src: int, src_pitch: int, src_height: int,
+                    width: int, height: int, depth: int = 1) -> bool:
+    """Whether two strided regions of ``depth × height`` rows of ``width`` bytes share a byte.
+
+    Row (z, y) of a region starts at ``base + z·pitch·slice_height + y·pitch``. Two rows
+    ``[a, a+w)`` and ``[d, d+w)`` intersect iff ``|a − d| < w``: sort one side's starts and look
+    each of the other side's up (O(n log n) in the rows; O(1) when the bounding spans are apart).
+    """
+    if width == 0 or height == 0 or depth == 0:
+        return False
+    dst_end = dst + (depth - 1) * dst_pitch * dst_height + (height - 1) * dst_pitch + width
+    src_end = src + (depth - 1) * src_pitch * src_height + (height - 1) * src_pitch + width
+    if dst_end <= src or src_end <= dst:
+        return False
+    a = np.sort(_row_starts(src, src_pitch, src_height, height, depth))
+    d = _row_starts(dst, dst_pitch, dst_height, height, depth)
+    i = np.searchsorted(a, d - width + 1)
+    hit = i < len(a)
+    return bool(np.any(a[np.minimum(i, len(a) - 1)][hit] < d[hit] + width))
+
+
+def _check_copy(dst: int, dst_pitch: int, dst_height: int, src: int, src_pitch: int, src_height: int,
+                width: int, height: int, depth: int) -> bool:
+    """False for a no-op (nothing, or every byte onto itself); raises on a partial overlap."""
+    if width == 0 or height == 0 or depth == 0:
+        return False
+    if (dst, dst_pitch) == (src, src_pitch) and (depth == 1 or dst_height == src_height):
+        return False
+    if width > min(src_pitch, dst_pitch) or (depth > 1 and height > min(src_height, dst_height)):
+        raise DeviceCopyError(f"copy of {depth}x{height} rows of {width} B does not fit pitches "
+                         f"{src_pitch}/{dst_pitch}, slice heights {src_height}/{dst_height}")
+    if regions_overlap(dst, dst_pitch, dst_height, src, src_pitch, src_height, width, height, depth):
+        raise OverlappingCopyError(f"device copy {src:#x} -> {dst:#x} ({depth}x{height} rows of {width} B) "
+                                   "overlaps itself")
+    return True
+
+
 def copy_2d_async(dst_ptr: int, dst_pitch: int, src_ptr: int, src_pitch: int, width: int, height: int,
                   stream: Stream) -> None:
     """Device→device: ``height`` rows of ``width`` bytes, with the given row pitches (bytes).
 
     Strided KV moves are one such copy: rows = (layer, head) pairs, pitch = capacity × head_dim ×
-    itemsize. Source and destination must not overlap.
+    itemsize. A copy of every byte onto itself is skipped; any other overlap raises
+    :class:`OverlappingCopyError` (CUDA leaves overlapping copies undefined).
     """
-    if width == 0 or height == 0:
+    if not _check_copy(dst_ptr, dst_pitch, height, src_ptr, src_pitch, height, width, height, 1):
         return
     drv = require_pycuda()
     c = drv.Memcpy2D()
@@ -165,4 +218,25 @@ def copy_2d_async(dst_ptr: int, dst_pitch: int, src_ptr: int, src_pitch: int, wi
     c.dst_pitch = dst_pitch
     c.width_in_bytes = width
     c.height = height
+    c(stream.raw)
+
+
+def copy_3d_async(dst_ptr: int, dst_pitch: int, dst_height: int, src_ptr: int, src_pitch: int,
+                  src_height: int, width: int, height: int, depth: int, stream: Stream) -> None:
+    """Device→device: ``depth`` slices of ``height`` rows of ``width`` bytes.
+
+    Row y of slice z is at ``ptr + z·pitch·slice_height + y·pitch`` on either side, so one call
+    moves every layer's (kv_heads × entries) block between the cache (slice height kv_heads) and
+    a padded per-layer block buffer (see ``rapid.engines.trt_layout``). Same overlap rule as
+    :func:`copy_2d_async`.
+    """
+    if not _check_copy(dst_ptr, dst_pitch, dst_height, src_ptr, src_pitch, src_height, width, height, depth):
+        return
+    drv = require_pycuda()
+    c = drv.Memcpy3D()
+    c.set_src_device(src_ptr)
+    c.set_dst_device(dst_ptr)
+    c.src_pitch, c.src_height = src_pitch, src_height
+    c.dst_pitch, c.dst_height = dst_pitch, dst_height
+    c.width_in_bytes, c.height, c.depth = width, height, depth
     c(stream.raw)

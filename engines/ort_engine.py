@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from rapid.engines.base import EngineInfo, ReadyHandle, check_step_args
+from rapid.engines.base import EngineInfo, ReadyHandle, step_inputs
 from rapid.errors import RapidError
 from rapid.manifest import ONNX_FILE, input_names, load_manifest, numpy_dtype, output_names
 
@@ -186,10 +186,10 @@ class OrtEngine:
     def step(self, tokens: Sequence[int], positions: Sequence[int], allowed: np.ndarray,
              rows: Sequence[int] | None = None) -> ReadyHandle:
         p = self._len
-        allowed = np.asarray(allowed, dtype=bool)
-        t = check_step_args(p, self.info.capacity, tokens, positions, allowed)
-        ids = np.ascontiguousarray(np.asarray(tokens, dtype=np.int64).reshape(1, t))
-        pos = np.ascontiguousarray(np.asarray(positions, dtype=np.int64).reshape(1, t))
+        inp = step_inputs(p, self.info.capacity, tokens, positions, allowed, vocab=self.vocab, rows=rows)
+        t, allowed = len(inp.ids), inp.allowed
+        ids = np.ascontiguousarray(inp.ids.reshape(1, t))
+        pos = np.ascontiguousarray(inp.pos.reshape(1, t))
         kvh, hd, cap = self.kv_heads, self.head_dim, self.info.capacity
         if self.kv_binding == "window":
             # past = every slot; slots [P, cap) hold stale data and are blocked
@@ -237,8 +237,8 @@ class OrtEngine:
         self.v[:, :, p:p + t] = present[1::2]
         self._len = p + t
         out = logits[0]
-        if rows is not None:
-            out = out[np.asarray(list(rows), dtype=np.int64)]
+        if inp.rows is not None:
+            out = out[inp.rows]
         return ReadyHandle(np.ascontiguousarray(out, dtype=np.float32))
 
     def truncate(self, length: int) -> None:

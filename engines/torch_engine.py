@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from rapid.engines.base import EngineInfo, ReadyHandle, check_step_args
+from rapid.engines.base import EngineInfo, ReadyHandle, step_inputs
 from rapid.kvcache import StaticKV
 from rapid.modeling import Decoder, additive_mask
 
@@ -28,12 +28,13 @@ class TorchEngine:
 
     def step(self, tokens: Sequence[int], positions: Sequence[int], allowed: np.ndarray,
              rows: Sequence[int] | None = None):
-        t = check_step_args(self.kv.length, self.info.capacity, tokens, positions, allowed)
-        dev = self.device
-        ids = torch.as_tensor(np.asarray(tokens, dtype=np.int64), device=dev)[None]
-        pos = torch.as_tensor(np.asarray(positions, dtype=np.int64), device=dev)[None]
-        mask = additive_mask(torch.as_tensor(allowed, device=dev), self.model.dtype)
-        sel = None if rows is None else torch.as_tensor(list(rows), dtype=torch.long, device=dev)
+        inp = step_inputs(self.kv.length, self.info.capacity, tokens, positions, allowed,
+                          vocab=self.info.vocab_size, rows=rows)
+        t, dev = len(inp.ids), self.device
+        ids = torch.as_tensor(inp.ids, device=dev)[None]
+        pos = torch.as_tensor(inp.pos, device=dev)[None]
+        mask = additive_mask(torch.as_tensor(inp.allowed, device=dev), self.model.dtype)
+        sel = None if inp.rows is None else torch.as_tensor(inp.rows, device=dev)
         self.kv.begin(t)
         with torch.inference_mode():
             logits = self.model(ids, pos, mask, self.kv, sel)[0]

@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--max-context", type=int, default=2048, help="most KV entries a step may see (P+T)")
     parser.add_argument("--max-tree", type=int, default=64, help="most tokens of one tree step")
     parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default: the exporter's)")
-    parser.add_argument("--trt", action="store_true", help="also build draft.engine with TensorRT (FP16 kernels)")
+    parser.add_argument("--trt", action="store_true",
+                        help="also build draft.engine with TensorRT (strongly typed, in the --dtype precision)")
     add_quantize_arguments(parser)
     parser.add_argument("--no-progress", action="store_true")
     return parser

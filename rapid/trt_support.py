@@ -11,6 +11,11 @@ from typing import Any
 
 from rapid.errors import RapidError
 
+# Most tokens one enqueue runs: the prefill profile's max T (export.trt_build) and the TensorRT
+# engine's default chunk (engines.trt_engine). Longer prompts are prefilled in chunks of this
+# size, which bounds the attention activations (heads · T · S) and the [T, vocab] logits buffer.
+PREFILL_CHUNK = 256
+
 TENSORRT_HINT = (
     "on a Jetson, TensorRT ships with JetPack (`sudo apt install nvidia-jetpack`, or just "
     "`python3-libnvinfer`); create the virtualenv with --system-site-packages to see it. "

@@ -33,7 +33,7 @@ EDGE_MODULES = [
     "rapid.manifest", "rapid.models", "rapid.procs", "rapid.sampling", "rapid.trt_support", "rapid.wire",
     "rapid.engines.base", "rapid.engines.cuda", "rapid.engines.kvops_abi", "rapid.engines.kvops_build",
     "rapid.engines.kvops_cuda", "rapid.engines.kvops_numpy", "rapid.engines.native", "rapid.engines.ort_engine",
-    "rapid.engines.select", "rapid.engines.trt_engine",
+    "rapid.engines.select", "rapid.engines.trt_engine", "rapid.engines.trt_io", "rapid.engines.trt_layout",
 ]
 TORCH_SIDE = {"rapid.engines.torch_engine"}  # the PyTorch draft backend is torch by definition
 

@@ -11,7 +11,7 @@ import pytest
 from rapid.engines import native
 
 # helper modules imported by the tests: keep pytest's detailed assertion messages in them
-pytest.register_assert_rewrite("trt_emulation", "kvops_cases")
+pytest.register_assert_rewrite("trt_emulation", "trt_emulation_engine", "kvops_cases")
 
 
 def _cxx_compiler() -> str | None:
@@ -36,4 +36,26 @@ def kvops() -> Path:
         pytest.skip("no C++ compiler (c++/g++/clang++) found: cannot build the native KV kernels")
     out = native.build()  # incremental: a no-op when up to date
     assert native.cpu_available(), native.cpu_status()
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_export(tmp_path_factory):
+    """(model folder, export folder) for a tiny random Qwen2 (hidden 64, 2 layers), fp32."""
+    from rapid.export.onnx_export import export_onnx
+    from rapid.tiny import build_tiny
+
+    root = tmp_path_factory.mktemp("conformance")
+    model = build_tiny(root / "model", "qwen2", seed=3)
+    export_onnx(str(model), root / "export", max_context=256, max_tree=32, progress=False)
+    return model, root / "export"
+
+
+@pytest.fixture(scope="session")
+def tiny_export_fp16(tiny_export, tmp_path_factory):
+    """The same model exported as an fp16 graph (norms, RoPE angles and softmax cast to fp32)."""
+    from rapid.export.onnx_export import export_onnx
+
+    out = tmp_path_factory.mktemp("conformance-fp16") / "export"
+    export_onnx(str(tiny_export[0]), out, dtype="fp16", max_context=256, max_tree=32, progress=False)
     return out

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from trt_emulation import _install_trt_emulation
 
-from rapid.engines.base import DraftEngine, EngineInfo
+from rapid.engines.base import DraftEngine, EngineInfo, StepInputError
 from rapid.errors import RapidError
 from rapid.export.parity import tree_allowed
 from rapid.geometry import causal_allowed
@@ -27,18 +27,6 @@ ATOL = 1e-4
 BACKENDS = ["torch", "onnx", "onnx-window", "trt", "trt-emu", "trt-emu-kernels"]
 PARENTS = [-1, 0, 0, 1, 2, 3]  # two branches: 0-1-3-5 and 0-2-4
 PATH = [0, 1, 3, 5]
-
-
-@pytest.fixture(scope="session")
-def tiny_export(tmp_path_factory):
-    """(model folder, export folder) for a tiny random Qwen2 (hidden 64, 2 layers)."""
-    from rapid.export.onnx_export import export_onnx
-    from rapid.tiny import build_tiny
-
-    root = tmp_path_factory.mktemp("conformance")
-    model = build_tiny(root / "model", "qwen2", seed=3)
-    export_onnx(str(model), root / "export", max_context=256, max_tree=32, progress=False)
-    return model, root / "export"
 
 
 @pytest.fixture(scope="session")
@@ -250,6 +238,23 @@ def test_context_full_is_a_rapid_error(engine_factory):
     with pytest.raises(RapidError):
         e.step([1, 2, 3], [62, 63, 64], causal_allowed(CAPACITY - 2, 3))
     assert e.kv_len == CAPACITY - 2
+
+
+def test_bad_step_inputs_are_typed_errors(engine_factory):
+    """Refused before anything runs: a float or int mask (an additive mask read as booleans
+    would invert every entry), float or out-of-vocab tokens, negative positions, bad rows."""
+    e = engine_factory()
+    e.step([1, 2], [0, 1], causal_allowed(0, 2)).logits()
+    ok = causal_allowed(2, 2)
+    bad = [([3, 4], [2, 3], np.where(ok, 0.0, -1e9), None), ([3, 4], [2, 3], ok.astype(np.int64), None),
+           ([3.0, 4.0], [2, 3], ok, None), ([3, 4], [2.5, 3.0], ok, None), ([3, 259], [2, 3], ok, None),
+           ([-1, 4], [2, 3], ok, None), ([3, 4], [-1, 3], ok, None), ([3, 4], [2, 3], ok, [2]),
+           ([3, 4], [2, 3], ok, [-1]), ([[3, 4]], [2, 3], ok, None)]
+    for toks, pos, mask, rows in bad:
+        with pytest.raises(StepInputError):
+            e.step(toks, pos, mask, rows=rows)
+        assert e.kv_len == 2
+    assert _wait(e.step([3, 4], [2, 3], ok, rows=[1])).shape == (1, 259)
 
 
 # ----------------------------------------------------------------------------- selection --

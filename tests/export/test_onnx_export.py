@@ -171,10 +171,10 @@ def test_cli_main_reports_errors(tmp_path, capsys):
 
 def test_trt_build_without_tensorrt_is_a_clear_error(exported):
     from rapid.export.trt_build import build_trt, profile_shapes
-    from rapid.trt_support import missing_modules
+    from rapid.trt_support import PREFILL_CHUNK, missing_modules
 
     shapes = profile_shapes(2048, 64)
-    assert shapes["tree"]["T"] == (1, 8, 64) and shapes["prefill"]["T"][2] == 2048
+    assert shapes["tree"]["T"] == (1, 8, 64) and shapes["prefill"]["T"][2] == PREFILL_CHUNK
     assert shapes["tree"]["P"][2] == 2047
     if "tensorrt" not in missing_modules():
         pytest.skip("tensorrt is installed here")
