@@ -140,8 +140,9 @@ def open_engine(kind: str = "auto", source: str | os.PathLike[str] = "default-dr
 def share_engine(engine: Any) -> Any:
     """Another engine over the same loaded weights with its own KV cache (``rapid edge
     --parallel N`` holds one copy of the draft): torch engines share the module, ONNX Runtime
-    engines the ``InferenceSession`` (its ``run`` is thread-safe). A TensorRT engine's context is
-    its own buffers, so it is opened again from its export folder."""
+    engines the ``InferenceSession`` (its ``run`` is thread-safe). A TensorRT engine's contexts
+    own their buffers, so it is opened again from its export folder (same capacity and prefill
+    chunk): the weights then exist once per engine on the device (docs/engines.md)."""
     if engine.info.backend == "torch":
         from rapid.engines.torch_engine import TorchEngine
 
@@ -155,5 +156,5 @@ def share_engine(engine: Any) -> Any:
         from rapid.engines.trt_engine import TrtEngine
 
         ordinal = int(engine.info.device.split(":")[1].split()[0])  # "cuda:N (name)"
-        return TrtEngine(engine.export_dir, capacity=engine.info.capacity, device=ordinal)
+        return TrtEngine(engine.export_dir, capacity=engine.info.capacity, device=ordinal, chunk=engine.chunk)
     raise EngineSelectError(f"cannot share a {engine.info.backend} engine")

@@ -49,7 +49,8 @@ def ask(url: str, timeout: float = 60.0) -> str:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.3)
-    body = json.dumps({"model": "rapid", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0}).encode()
+    served = json.loads(urllib.request.urlopen(f"{url}/v1/models", timeout=5).read())["data"][0]["id"]
+    body = json.dumps({"model": served, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0}).encode()
     req = urllib.request.Request(f"{url}/v1/completions", body, {"Content-Type": "application/json"})
     return json.loads(urllib.request.urlopen(req, timeout=timeout).read())["choices"][0]["text"]
 
