@@ -8,29 +8,53 @@
     rapid edge                     the edge runtime daemon (OpenAI-compatible local API)
     rapid bench | rapid sim        real-run benchmark / calibrated simulator
     rapid doctor                   what this machine can run
+
+Global options (before the subcommand): -v (debug logs), --log-format text|json, --version.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.metadata
 import sys
 
 from rapid.errors import RapidError
 from rapid.export.export_cli import add_quantize_arguments
-from rapid.logsafe import setup_logging
-from rapid.runtime.args import add_tree_args
+from rapid.logsafe import LOG_FORMATS, setup_logging
+from rapid.runtime.args import (
+    BACKENDS,
+    HelpFormatter,
+    add_cloud_args,
+    add_context_arg,
+    add_tree_args,
+)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("rapid-spec")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _add(sub, name: str, **kw) -> argparse.ArgumentParser:
+    """A subcommand whose help shows every default."""
+    return sub.add_parser(name, formatter_class=HelpFormatter, **kw)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="rapid", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-v", "--verbose", action="store_true")
+    ap = argparse.ArgumentParser(prog="rapid", description=__doc__, formatter_class=HelpFormatter)
+    ap.add_argument("-v", "--verbose", action="store_true", help="debug logs (secrets stay redacted)")
+    ap.add_argument("--log-format", choices=LOG_FORMATS, default="text", help="log lines as text or JSON")
+    ap.add_argument("--version", action="version", version=f"rapid {_version()}")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
-    m = sub.add_parser("models", help="fetch or list the default model pair")
+    m = _add(sub, "models", help="fetch or list the default model pair")
     m.add_argument("action", choices=["fetch", "list"])
     m.add_argument("--which", choices=["draft", "target", "both"], default="both")
 
-    s = sub.add_parser("serve", help="run the cloud verifier")
+    s = _add(sub, "serve", help="run the cloud verifier")
     s.add_argument("--target", default="default-target", help="HF id, local folder, .gguf, or default-target")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8765)
@@ -57,27 +81,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="free a silent session's KV after this many s (its connection gets ErrorFrame(timeout))")
     s.add_argument("--grace", type=float, default=30.0, help="keep a dropped session's KV this long for a resume")
 
-    g = sub.add_parser("generate", help="generate with edge drafting and cloud verification")
+    g = _add(sub, "generate", help="generate with edge drafting and cloud verification")
     g.add_argument("prompt")
     g.add_argument("--draft", default="default-draft", help="HF id, local folder, .gguf, export dir, or default-draft")
-    g.add_argument("--engine", default="auto", help="torch|onnx|trt|auto")
-    g.add_argument("--cloud", default="ws://127.0.0.1:8765")
+    g.add_argument("--engine", default="auto", choices=BACKENDS, help="draft backend")
+    add_cloud_args(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
-    g.add_argument("--capacity", type=int, default=2048, help="draft KV capacity (context + tree slots)")
+    add_context_arg(g)
     g.add_argument("--trace", help="write per-round telemetry as JSON lines to this file")
     add_tree_args(g)
 
-    d = sub.add_parser("demo", help="serve + generate on built-in prompts; compare with the target alone")
+    d = _add(sub, "demo", help="serve + generate on built-in prompts; compare with the target alone")
     d.add_argument("--draft", default="default-draft-int4",
                    help="default-draft-int4 (ONNX, int4 weights; built once), an export folder or a model spec")
     d.add_argument("--target", default="default-target")
     d.add_argument("--tiny", action="store_true", help="use tiny random models (no download; for a quick check)")
-    d.add_argument("--engine", default="auto", help="torch|onnx|trt|auto (auto: onnx for an export folder)")
-    d.add_argument("--prompts", type=int, default=3, help="how many built-in prompts to run")
+    d.add_argument("--engine", default="auto", choices=BACKENDS, help="draft backend (auto: onnx for an export folder)")
+    d.add_argument("--num-prompts", type=int, default=3, help="how many built-in prompts to run")
     add_tree_args(d)
     d.set_defaults(max_tokens=48)
 
-    e = sub.add_parser("export", help="export a draft model to ONNX (and TensorRT)")
+    e = _add(sub, "export", help="export a draft model to ONNX (and TensorRT)")
     e.add_argument("--model", default="default-draft")
     e.add_argument("--out", required=True)
     e.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"])
@@ -86,7 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-tree", type=int, default=64)
     add_quantize_arguments(e)
 
-    doc = sub.add_parser("doctor", help="print what this machine can run")
+    for name, text in (("edge", "the edge daemon: an OpenAI-compatible local API (rapid edge --help)"),
+                       ("bench", "real-run benchmark: edge and cloud processes (rapid bench --help)"),
+                       ("sim", "calibrated simulator of many edges (rapid sim --help)")):
+        _add(sub, name, help=text, add_help=False)  # listed here; they parse their own arguments
+
+    doc = _add(sub, "doctor", help="print what this machine can run")
     doc.add_argument("--target", help="also load this target (e.g. default-target) and measure its verify curve "
                      "(ms at T = 1, 2, 4, 8, 16, 32) in the auto dtype and in float32, and its verify mode")
     return ap
@@ -100,20 +129,36 @@ DELEGATED = {
 }
 
 
+def _global_options(argv: list[str]) -> tuple[bool, str, list[str]]:
+    """(-v, --log-format, the rest) from the options before the subcommand."""
+    verbose, fmt, i = False, "text", 0
+    while i < len(argv) and argv[i].startswith("-"):
+        if argv[i] in ("-v", "--verbose"):
+            verbose = True
+        elif argv[i] == "--log-format" and i + 1 < len(argv):
+            fmt, i = argv[i + 1], i + 1
+        elif argv[i].startswith("--log-format="):
+            fmt = argv[i].split("=", 1)[1]
+        else:
+            break
+        i += 1
+    return verbose, fmt, argv[i:]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in DELEGATED:
-        import importlib
-
+    verbose, fmt, rest = _global_options(argv)
+    if rest and rest[0] in DELEGATED and fmt in LOG_FORMATS:
+        argv = rest
         mod, fn = DELEGATED[argv[0]].split(":")
-        setup_logging(verbose=False)
+        setup_logging(verbose, fmt)
         try:
             return getattr(importlib.import_module(mod), fn)(argv[1:])
         except RapidError as e:
             print(f"rapid {argv[0]}: error: {e}", file=sys.stderr)
             return 2
     args = build_parser().parse_args(argv)
-    setup_logging(args.verbose)
+    setup_logging(args.verbose, args.log_format)
     try:
         return _dispatch(args)
     except RapidError as e:

@@ -60,7 +60,7 @@ def run_demo(args) -> int:
         tree = tree_params(args.depth, args.budget, args.topk, args.width)
         sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
         rows = []
-        for name, text, chat in PROMPTS[: args.prompts]:
+        for name, text, chat in PROMPTS[: args.num_prompts]:
             ids = encode_prompt(edge.tokenizer, text, chat)
             print(f"\n=== [{name}] {text.strip()[:70]!r} — policy {args.policy}", flush=True)
             gen, _ = asyncio.run(generate_text(

@@ -15,9 +15,11 @@ Standard library only (the torch-free core).
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import sys
+import time
 
 REDACTED = "[redacted]"
 MIN_SECRET_CHARS = 6  # shorter registered secrets are left to the patterns (they would mangle text)
@@ -88,8 +90,41 @@ def install(root: logging.Logger | None = None) -> RedactSecrets:
     return FILTER
 
 
-def setup_logging(verbose: bool = False) -> None:
-    """The CLI's logging: timestamped lines on stderr, DEBUG with ``-v``, secrets redacted."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_FORMATS = ("text", "json")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts (ISO 8601, UTC), level, logger, message (+ exc)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+               "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            out["exc"] = record.exc_text
+        return json.dumps(out, ensure_ascii=False)
+
+
+def setup_logging(verbose: bool = False, fmt: str = "text") -> None:
+    """The CLI's logging on stderr: date, time, level and logger on every line (``fmt`` = text)
+    or JSON lines (``json``); DEBUG with ``-v``; uvicorn's loggers go through the same handler;
+    secrets redacted."""
+    if fmt not in LOG_FORMATS:
+        raise ValueError(f"log format {fmt!r} is not one of {LOG_FORMATS}")
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        formatter: logging.Formatter = JsonFormatter()
+        formatter.converter = time.gmtime
+    else:
+        formatter = logging.Formatter(TEXT_FORMAT, datefmt="%Y-%m-%d %H:%M:%S")
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    for name in FILTERED_LOGGERS:  # uvicorn: one format, the root's handler
+        logger = logging.getLogger(name)
+        logger.handlers[:] = []
+        logger.propagate = True
     install()

@@ -1,9 +1,18 @@
-"""The tree and sampling options every edge command shares (``rapid generate``, ``demo``, ``edge``)."""
+"""The options every edge command shares (``rapid generate``, ``demo``, ``edge``): tree,
+sampling, the cloud (URL, token, CA), the draft's context, and the help formatter (defaults shown).
+
+One meaning per option name across subcommands: ``--engine`` is the draft backend, ``--draft``
+the model or export folder, ``--max-context`` a context capacity (the draft's here, the target's
+in ``rapid serve``), ``--children`` the tree's children per expanded node (``--top-k`` is
+sampling). Older spellings (``--topk``, ``--capacity``, ``--backend``) still parse.
+"""
 
 from __future__ import annotations
 
 import argparse
+import urllib.parse
 
+from rapid.runtime.policies import POLICIES
 from rapid.runtime.tree import AUTO_BUDGET_CAP, AUTO_BUDGET_FALLBACK, AUTO_BUDGET_MIN, TreeParams
 
 
@@ -27,14 +36,45 @@ def tree_params(depth: int, budget: int | str, topk: int, width: int) -> TreePar
     return TreeParams(depth, int(budget), topk, width)
 
 
+BACKENDS = ("auto", "torch", "onnx", "trt")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Module docstrings as written, and every option's default in its help."""
+
+
+def cloud_url(text: str) -> str:
+    """``--cloud``: ws://HOST:PORT or wss://HOST:PORT, checked before any model loads."""
+    parts = urllib.parse.urlsplit(text)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme not in ("ws", "wss") or not parts.hostname or port is None:
+        raise argparse.ArgumentTypeError(f"expected ws://HOST:PORT or wss://HOST:PORT, got {text!r}")
+    return text
+
+
+def add_cloud_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cloud", type=cloud_url, default="ws://127.0.0.1:8765", help="URL of rapid serve")
+    p.add_argument("--token-file", help="shared secret for the cloud (else $RAPID_TOKEN; none: no token)")
+    p.add_argument("--cafile", help="CA / self-signed certificate to trust for wss://")
+
+
+def add_context_arg(p: argparse.ArgumentParser, default: int = 2048) -> None:
+    p.add_argument("--max-context", "--capacity", dest="capacity", type=int, default=default,
+                   help="the draft's KV capacity: prompt + output + tree slots")
+
+
 def add_tree_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--policy", default="rapid", help="fixed|npdg|ipdg|caac|rapid|edgellm|ar (default rapid)")
+    p.add_argument("--policy", default="rapid", choices=list(POLICIES), help="speculation policy")
     p.add_argument("--depth", type=int, default=4, help="tree depth (fixed policies) / initial depth (CAAC)")
     p.add_argument("--budget", type=budget_arg, default="auto",
                    help="max tree nodes kept per round, or auto: as many as the cloud verifies at about one "
                         f"step's cost (its measured verify curve), at least {AUTO_BUDGET_MIN}; "
                         f"{AUTO_BUDGET_FALLBACK} if it has none")
-    p.add_argument("--topk", type=int, default=2, help="children per expanded node")
+    p.add_argument("--children", "--topk", dest="topk", type=int, default=2,
+                   help="tree children per expanded node (not sampling's --top-k)")
     p.add_argument("--width", type=int, default=2, help="nodes expanded per step")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")

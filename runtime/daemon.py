@@ -35,7 +35,14 @@ import signal
 
 from rapid.auth import client_ssl_context, load_token
 from rapid.errors import RapidError
-from rapid.runtime.args import add_tree_args, tree_params
+from rapid.runtime.args import (
+    BACKENDS,
+    HelpFormatter,
+    add_cloud_args,
+    add_context_arg,
+    add_tree_args,
+    tree_params,
+)
 from rapid.runtime.engine_pool import EdgeService
 from rapid.runtime.generate import open_edge_models
 from rapid.runtime.openai_api import create_app
@@ -64,17 +71,17 @@ def _server_class():
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="rapid edge", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    src = ap.add_mutually_exclusive_group()
-    src.add_argument("--engine", help="an export folder (rapid export): ONNX / TensorRT draft")
-    src.add_argument("--draft", help="HF id, local folder, .gguf or default-draft (PyTorch backend unless --backend)")
-    ap.add_argument("--backend", default="auto", help="torch|onnx|trt|auto")
-    ap.add_argument("--cloud", default="ws://127.0.0.1:8765", help="ws:// or wss:// URL of rapid serve")
-    ap.add_argument("--token-file", help="shared secret for the cloud (else $RAPID_TOKEN)")
-    ap.add_argument("--cafile", help="CA / self-signed certificate to trust for wss://")
-    ap.add_argument("--listen", default="127.0.0.1:8000", help="HOST:PORT of the local OpenAI-compatible API")
+    ap = argparse.ArgumentParser(prog="rapid edge", description=__doc__, formatter_class=HelpFormatter)
+    ap.add_argument("--draft", help="HF id, local folder, .gguf, an export folder (rapid export) or default-draft "
+                                    "(default: default-draft)")
+    ap.add_argument("--engine", "--backend", dest="engine", default="auto",
+                    help="draft backend: auto|torch|onnx|trt (an export folder here is read as --draft, deprecated)")
+    add_cloud_args(ap)
+    ap.add_argument("--host", default=None, help="address of the local OpenAI-compatible API (default 127.0.0.1)")
+    ap.add_argument("--port", type=int, default=None, help="port of the local API (default 8000)")
+    ap.add_argument("--listen", default=None, help="HOST:PORT, the older spelling of --host/--port")
     ap.add_argument("--parallel", type=int, default=2, help="draft engines = requests generated at once")
-    ap.add_argument("--capacity", type=int, default=2048, help="draft KV capacity per engine")
+    add_context_arg(ap)
     ap.add_argument("--model-name", help="model id reported by /v1/models (default: the draft's name)")
     ap.add_argument("--retry-timeout", type=float, default=30.0, help="silence before the link re-sends/reconnects")
     ap.add_argument("--verdict-timeout", type=float, default=120.0,
@@ -94,25 +101,44 @@ def request_defaults(args: argparse.Namespace) -> RequestDefaults:
                            1.0 if args.top_p is None else args.top_p, args.top_k or 0, args.seed)
 
 
+def _source_and_backend(args: argparse.Namespace) -> tuple[str, str]:
+    """(draft, backend); ``--engine EXPORT_DIR`` (the old meaning) still works, with a warning."""
+    if args.engine not in BACKENDS:
+        if not os.path.isdir(args.engine):
+            raise RapidError(f"--engine {args.engine!r}: choose from {', '.join(BACKENDS)} (the draft goes in --draft)")
+        log.warning("--engine EXPORT_DIR is deprecated: pass the folder as --draft (--engine is the backend)")
+        return args.engine, "auto"
+    return args.draft or "default-draft", args.engine
+
+
+def _listen_address(args: argparse.Namespace) -> tuple[str, int]:
+    host, port = "127.0.0.1", 8000
+    if args.listen:
+        h, _, p = args.listen.rpartition(":")
+        if not h or not p.isdigit():
+            raise RapidError(f"--listen wants HOST:PORT, got {args.listen!r}")
+        host, port = h, int(p)
+    return args.host or host, args.port or port
+
+
 def main(argv: list[str] | None = None) -> int:
     import uvicorn  # optional: only the daemon needs it
 
     _Server = _server_class()
     args = build_parser().parse_args(argv)
-    source = args.engine or args.draft or "default-draft"
-    host, _, port = args.listen.rpartition(":")
-    if not host or not port.isdigit():
-        raise RapidError(f"--listen wants HOST:PORT, got {args.listen!r}")
+    source, backend = _source_and_backend(args)
+    host, port = _listen_address(args)
     token = load_token(args.token_file)
     if token is None:
         log.warning("no --token-file / RAPID_TOKEN: connecting to the cloud without a token")
     ssl = client_ssl_context(args.cloud, args.cafile)
-    edges = open_edge_models(source, args.backend, args.capacity, args.threads, max(1, args.parallel))
+    edges = open_edge_models(source, backend, args.capacity, args.threads, max(1, args.parallel))
     service = EdgeService(edges, args.cloud, policy=args.policy, tree=tree_params(args.depth, args.budget, args.topk, args.width),
                           token=token, ssl=ssl, model_name=args.model_name or os.path.basename(source.rstrip("/")),
                           link_options={"retry_timeout": args.retry_timeout,
                                         "verdict_timeout_s": args.verdict_timeout})
     config = uvicorn.Config(create_app(service, request_defaults(args)), host=host, port=int(port), log_level="info",
+                            log_config=None,  # uvicorn logs through the CLI's handler and format
                             timeout_graceful_shutdown=args.shutdown_timeout, access_log=False)
     server = _Server(config)
     log.info("rapid edge: %s engine(s) of %s, cloud %s, API on http://%s:%s/v1", len(edges), source, args.cloud, host, port)

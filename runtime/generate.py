@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rapid.auth import client_ssl_context, load_token
 from rapid.engines.select import open_engine, share_engine
 from rapid.export.fast_draft import FAST_DRAFT, resolve_draft
 from rapid.manifest import is_export_dir
@@ -106,13 +107,16 @@ async def generate_text(edge: EdgeModel, cloud: str, prompt_ids: list[int], *, p
 
 
 def run_generate(args) -> int:
+    token = load_token(args.token_file)  # before any model loads: a bad token file fails at once
+    ssl = client_ssl_context(args.cloud, args.cafile)
     edge = open_edge_model(args.draft, args.engine, args.capacity, args.threads)
     ids = encode_prompt(edge.tokenizer, args.prompt, args.chat)
     tree = tree_params(args.depth, args.budget, args.topk, args.width)
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
     gen, _ = asyncio.run(generate_text(edge, args.cloud, ids, policy=args.policy, max_new=args.max_tokens,
-                                       sampling=sampling, tree=tree,
-                                       config=CoordinatorConfig(depth=args.depth), stream=sys.stdout))
+                                       sampling=sampling, tree=tree, config=CoordinatorConfig(depth=args.depth),
+                                       stream=sys.stdout,
+                                       link=CloudLink(args.cloud, token=token, ssl=ssl, tokenizer=edge.fingerprint)))
     sys.stdout.write("\n")
     sys.stdout.flush()
     if args.trace:

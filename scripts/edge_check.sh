@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI step (run by scripts/test.sh): install only `.[edge]` (no torch) into build/edge-venv, then
 # run `rapid edge --help`, `rapid doctor`, one `rapid generate --engine onnx` and one request to
-# `rapid edge --engine <export>` against a tiny cloud. The cloud, the tiny models and the ONNX
+# `rapid edge --draft <export>` against a tiny cloud. The cloud, the tiny models and the ONNX
 # export are made with the main .venv (which has torch); the edge's text must equal the
 # target-alone text. Fails (never skips) when pip cannot install the edge extra.
 set -uo pipefail
@@ -55,10 +55,10 @@ got=$(timeout 120 "$EV/bin/rapid" generate "def add(a, b):" --draft "$WORK/expor
 [ "$got" = "$expected" ] || fail "rapid generate --engine onnx: got $(printf %q "$got"), the target alone: $(printf %q "$expected")"
 
 edge_port=$(.venv/bin/python -c "from rapid.procs import free_port; print(free_port())")
-"$EV/bin/rapid" edge --engine "$WORK/export" --cloud "ws://127.0.0.1:$port" --listen "127.0.0.1:$edge_port" \
+"$EV/bin/rapid" edge --draft "$WORK/export" --cloud "ws://127.0.0.1:$port" --listen "127.0.0.1:$edge_port" \
   --parallel 1 --capacity 256 >"$WORK/edge.log" 2>&1 &
 EDGE_PID=$!
 got=$(timeout 120 "$EV/bin/python" scripts/edge_check.py ask "http://127.0.0.1:$edge_port") \
-  || { tail -20 "$WORK/edge.log" >&2; fail "a request to rapid edge --engine <export>"; }
+  || { tail -20 "$WORK/edge.log" >&2; fail "a request to rapid edge --draft <export>"; }
 [ "$got" = "$expected" ] || fail "rapid edge: got $(printf %q "$got"), the target alone: $(printf %q "$expected")"
 echo "[edge-check] ok: .[edge] without torch ran edge --help, doctor, generate --engine onnx and rapid edge ($((SECONDS - t0)) s)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 
 from rapid.auth import load_token, server_ssl_context
 from rapid.errors import RapidError
@@ -16,6 +17,19 @@ from rapid.vocab import fingerprint
 
 log = logging.getLogger("rapid.server")
 FLAT_PROBE_TOKENS = (1, 4, 8, 16, 32)  # the verify-curve points measured at start-up
+
+
+class PortInUseError(RapidError):
+    """The address ``rapid serve`` should listen on is taken."""
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Bind and release ``host:port`` now, so a busy port is one line before minutes of loading."""
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        raise PortInUseError(f"cannot listen on {host}:{port} ({e.strerror or e}); is another server running?") from None
 
 
 def load_target(spec: str, dtype: str = "auto", threads: int = 1, device: str = "auto"):
@@ -79,6 +93,7 @@ def run_serve(target: str, host: str, port: int, threads: int = 1, dtype: str = 
         raise RapidError(str(e)) from None
     token = load_token(token_file)
     ssl_ctx = server_ssl_context(cert, key)
+    check_port_free(host, port)
     log.info("loading target %s (%s, %d thread(s))", target, dtype, threads)
     model, tokenizer = load_target(target, dtype, threads, device)
     mode = choose_verify_mode(model, verify)

@@ -1,0 +1,69 @@
+"""The ``rapid`` command line: one meaning per option, defaults in help, bad input refused in one
+line before any model loads, --version, every subcommand listed, log lines with date and level."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rapid.procs import free_port
+
+
+def rapid(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rapid.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_version_and_every_subcommand_in_help():
+    assert rapid("--version").stdout.startswith("rapid ")
+    out = rapid("--help").stdout
+    for name in ("models", "serve", "generate", "demo", "export", "edge", "bench", "sim", "doctor"):
+        assert name in out, name
+
+
+@pytest.mark.parametrize("cmd, flag", [("generate", "--max-context"), ("serve", "--max-context"),
+                                       ("demo", "--num-prompts"), ("edge", "--max-context")])
+def test_help_shows_defaults_and_one_name_per_meaning(cmd, flag):
+    args = (cmd, "x", "--help") if cmd == "generate" else (cmd, "--help")
+    out = rapid(*args).stdout
+    assert flag in out and "(default:" in out
+    if cmd in ("generate", "edge"):
+        assert "--children" in out and "--engine" in out  # tree children, and the backend
+
+
+@pytest.mark.parametrize("args, says", [
+    (("generate", "x", "--cloud", "http//x"), "expected ws://HOST:PORT"),
+    (("generate", "x", "--policy", "rapd"), "invalid choice: 'rapd'"),
+    (("generate", "x", "--engine", "tensorflow"), "invalid choice: 'tensorflow'"),
+    (("edge", "--cloud", "ws://nohost"), "expected ws://HOST:PORT"),
+    (("edge", "--engine", "bogus"), "choose from auto, torch, onnx, trt"),
+    (("serve", "--device", "gpu", "--target", "/nonexistent"), "expected auto, cpu, cuda"),
+])
+def test_bad_input_is_one_line_before_any_model_loads(args, says):
+    t0 = time.time()
+    r = rapid(*args)
+    assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr[-800:]
+    assert time.time() - t0 < 30
+
+
+def test_serve_on_a_busy_port_says_so_before_loading():
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        r = rapid("serve", "--target", "default-target", "--port", str(port))
+    assert r.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in r.stderr
+    assert "loading target" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_log_lines_have_date_level_logger_or_are_json():
+    r = rapid("serve", "--target", "/nonexistent/model", "--port", str(free_port()))
+    line = next(x for x in r.stderr.splitlines() if "rapid.server" in x)
+    date, clock, level, logger = line.split()[:4]
+    assert len(date) == 10 and date[4] == "-" and len(clock) == 8 and level in ("INFO", "WARNING")
+    assert logger == "rapid.server:"
+    r = rapid("--log-format", "json", "serve", "--target", "/nonexistent/model", "--port", str(free_port()))
+    records = [json.loads(x) for x in r.stderr.splitlines() if x.startswith("{")]
+    assert records and {"ts", "level", "logger", "message"} <= set(records[0])
