@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import zipfile
@@ -361,8 +362,37 @@ def resolve_model(spec: str | Path, fetch: bool = False) -> str:
             return str(_convert_local_gguf(path))
         raise ModelSourceError(f"{path} is neither a model folder nor a .gguf file")
     if isinstance(spec, str) and _HUB_ID_RE.match(text) and not text.lower().endswith(".gguf"):
-        return text
+        return _hub_id(text)
     raise ModelSourceError(f"no such folder or file: {text}")
+
+
+HUB_HOST = ("huggingface.co", 443)
+
+
+def _hub_id(repo: str) -> str:
+    """A hub id: its cached snapshot folder if the Hugging Face cache has it, else the id itself
+    when the hub can be reached (3 s check); else one line saying so, instead of a long
+    transformers timeout and a traceback."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(repo, local_files_only=True)
+    except Exception:  # noqa: BLE001 — not cached (huggingface_hub raises several types)
+        pass
+    reachable = os.environ.get("HF_HUB_OFFLINE", "0") in ("0", "") and _hub_reachable()
+    if not reachable:
+        raise ModelSourceError(f"{repo} looks like a Hugging Face id, but it is not in the local cache and the hub "
+                               "cannot be reached from here: pass a local model folder or a .gguf file "
+                               "(`rapid models fetch` for the default pair)")
+    return repo
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    try:
+        with socket.create_connection(HUB_HOST, timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def load_tokenizer(spec: str | Path, fetch: bool = False) -> PreTrainedTokenizerBase:

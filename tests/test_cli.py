@@ -4,6 +4,7 @@ line before any model loads, --version, every subcommand listed, log lines with 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -67,3 +68,11 @@ def test_log_lines_have_date_level_logger_or_are_json():
     r = rapid("--log-format", "json", "serve", "--target", "/nonexistent/model", "--port", str(free_port()))
     records = [json.loads(x) for x in r.stderr.splitlines() if x.startswith("{")]
     assert records and {"ts", "level", "logger", "message"} <= set(records[0])
+
+
+def test_a_hub_id_without_a_hub_is_one_line():
+    r = subprocess.run([sys.executable, "-m", "rapid.cli", "generate", "x", "--draft", "nobody/not-a-model",
+                        "--engine", "torch"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 2 and "not in the local cache" in r.stderr and "local model folder" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -218,8 +218,17 @@ def test_resolve_other_file(tmp_path: Path) -> None:
 
 
 def test_resolve_hub_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An uncached hub id passes through where the hub answers, and is one clear error where not."""
+    import rapid.models as models
+
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setattr(models, "_hub_reachable", lambda timeout=3.0: True)
     assert resolve_model("Qwen/Qwen2.5-Coder-0.5B-Instruct") == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    monkeypatch.setattr(models, "_hub_reachable", lambda timeout=3.0: False)
+    with pytest.raises(ModelSourceError, match="cannot be reached"):
+        resolve_model("Qwen/Qwen2.5-Coder-0.5B-Instruct")
 
 
 def test_resolve_alias_missing(cache: Path) -> None:
