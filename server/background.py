@@ -29,6 +29,13 @@ class BackgroundServer:
             raise RuntimeError("verifier did not start")
         self.url = f"ws://{host}:{server.port}"
 
+    def call(self, fn, timeout: float = 10.0):
+        """Run ``fn()`` on the server's event-loop thread (where its session table changes)."""
+        async def run():
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
+
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
