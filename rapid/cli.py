@@ -19,6 +19,7 @@ import sys
 from rapid.errors import RapidError
 from rapid.export.export_cli import add_quantize_arguments
 from rapid.runtime.args import add_tree_args
+from rapid.server.ray_args import add_scale_out_args, scale_out_options, wants_ray
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-batch", type=int, default=8, help="trees per target forward (1 = no batching)")
     s.add_argument("--idle-timeout", type=float, default=600.0, help="free a silent session's KV after this many s")
     s.add_argument("--grace", type=float, default=30.0, help="keep a dropped session's KV this long for a resume")
+    add_scale_out_args(s)
 
     g = sub.add_parser("generate", help="generate with edge drafting and cloud verification")
     g.add_argument("prompt")
@@ -130,6 +132,10 @@ def _dispatch(args) -> int:
             for row in models.describe_default():
                 print(row)
         return 0
+    if args.cmd == "serve" and wants_ray(args):
+        from rapid.server.ray_serve import ALL_KEYS, run_ray_serve
+
+        return run_ray_serve(scale_out_options(args, ALL_KEYS))
     if args.cmd == "serve":
         from rapid.server.main import run_serve
 

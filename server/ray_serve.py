@@ -11,6 +11,7 @@ modules this one loads. Options come as one dict with ``rapid serve``'s flag nam
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -31,7 +32,9 @@ VERIFIER_KEYS = {"target": "default-target", "threads": 1, "dtype": "auto", "dev
                  "batch_window_ms": 2.0, "max_batch": 8}
 SCALE_KEYS = {"replicas": None, "min_replicas": None, "max_replicas": None, "num_gpus_per_replica": 0.0,
               "num_cpus_per_replica": 1.0, "ingress_replicas": 1, "target_sessions": 8, "drain": 60.0}
-OTHER_KEYS = {"token_file": None, "host": "0.0.0.0", "port": 8000, "cert": None, "key": None, "ray_address": None}
+OTHER_KEYS = {"token_file": None, "host": "0.0.0.0", "port": 8000, "cert": None, "key": None, "ray_address": None,
+              "replica_host": None}
+ALL_KEYS = {**VERIFIER_KEYS, **SCALE_KEYS, **OTHER_KEYS}
 
 
 class ScaleOutError(RapidError):
@@ -49,10 +52,11 @@ def _ray():
 
 def spec_from_options(options: dict) -> tuple[VerifierSpec, ScaleOut, dict]:
     """(what replicas serve, how many, the rest: token_file/host/port/cert/key/ray_address)."""
-    unknown = set(options) - set(VERIFIER_KEYS) - set(SCALE_KEYS) - set(OTHER_KEYS)
+    unknown = set(options) - set(ALL_KEYS)
     if unknown:
         raise ScaleOutError(f"unknown scale-out option(s): {', '.join(sorted(unknown))}")
-    o = {**VERIFIER_KEYS, **SCALE_KEYS, **OTHER_KEYS, **{k: v for k, v in options.items() if v is not None}}
+    o = {**ALL_KEYS, **{k: v for k, v in options.items() if v is not None}}
+    remote = o["ray_address"] or os.environ.get("RAY_ADDRESS")  # replicas may then be on other nodes
     try:
         limits = Limits(o["max_sessions"], o["max_context"], o["max_nodes"], o["grace"], o["idle_timeout"])
         spec = VerifierSpec(o["target"], limits, o["threads"], o["dtype"], o["device"], o["verify"],
@@ -60,7 +64,8 @@ def spec_from_options(options: dict) -> tuple[VerifierSpec, ScaleOut, dict]:
         scale = ScaleOut(replicas=o["replicas"] or o["min_replicas"] or 1, min_replicas=o["min_replicas"],
                          max_replicas=o["max_replicas"], num_gpus=o["num_gpus_per_replica"],
                          num_cpus=o["num_cpus_per_replica"], ingress_replicas=o["ingress_replicas"],
-                         target_sessions=o["target_sessions"], drain_s=o["drain"])
+                         target_sessions=o["target_sessions"], drain_s=o["drain"],
+                         replica_host=o["replica_host"] or ("0.0.0.0" if remote else "127.0.0.1"))
     except (TypeError, ValueError) as e:
         raise ScaleOutError(str(e)) from None
     return spec, scale, {k: o[k] for k in OTHER_KEYS}
@@ -82,7 +87,9 @@ def app_builder(args: dict):
     """For ``serve run`` / ``serve deploy``: ``import_path: rapid.server.ray_serve:app_builder``
     with ``args`` = rapid serve's options (docs/deploy/rapid-serve.yaml). HTTP host, port and TLS
     then come from the config file's ``http_options``."""
-    spec, scale, other = spec_from_options(dict(args or {}))
+    options = dict(args or {})
+    options.setdefault("replica_host", "0.0.0.0")  # a deployed config may put replicas on any node
+    spec, scale, other = spec_from_options(options)
     return build_app(spec, scale, load_token(other["token_file"]))
 
 
@@ -115,10 +122,10 @@ def run_ray_serve(options: dict) -> int:
         log.info("rapid on Ray Serve: %s://%s:%d (%s)", scheme, other["host"], other["port"], _describe(scale))
         _wait_for_signal()
     finally:
-        serve.delete(APP_NAME)
-        if address == "local":
-            serve.shutdown()
-            ray.shutdown()
+        with contextlib.suppress(Exception):
+            serve.delete(APP_NAME) if address != "local" else serve.shutdown()
+        ray.shutdown()  # a local cluster started here stops with it
+    log.info("rapid on Ray Serve stopped")
     return 0
 
 

@@ -14,8 +14,14 @@ import ipaddress
 import os
 import random
 import re
+import shutil
+import signal
 import socket
 import ssl
+import subprocess
+import sys
+import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -68,6 +74,68 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _ray_processes(temp_dir: str) -> list[str]:
+    """Command lines of live processes that belong to the Ray cluster under ``temp_dir``."""
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if temp_dir in cmd:
+            out.append(f"{d}: {cmd[:120]}")
+    return out
+
+
+def test_rapid_serve_replicas_cli(tiny_dir, tiny_pair, tmp_path):
+    """`rapid serve --replicas 2` as a real process: two edges decode exactly through it, on two
+    replicas; SIGINT stops it and every Ray process it started. (Runs before the module's cluster.)"""
+    target, drafts = tiny_pair
+    temp_dir, port = tempfile.mkdtemp(prefix="rr", dir="/tmp"), _free_port()
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    cmd = [sys.executable, "-m", "rapid.cli", "serve", "--replicas", "2", "--target", tiny_dir("target", seed=0, dtype="float64"),
+           "--dtype", "float64", "--verify", "tree", "--port", str(port), "--token-file", str(tmp_path / "token")]
+    proc = subprocess.Popen(cmd, env={**os.environ, "RAY_TMPDIR": temp_dir, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if "rapid on Ray Serve: ws://" in line:
+                ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        if not ready.wait(150):
+            pytest.fail("rapid serve --replicas 2 did not come up:\n" + "".join(lines[-30:]))
+        assert _ray_processes(temp_dir)  # the cluster it started is seen (so "none left" below means it)
+        jobs = _jobs(target, 2, 5)
+
+        async def edges():
+            async def one(prompt, sampling):
+                link = CloudLink(f"ws://127.0.0.1:{port}", token=TOKEN)
+                drafter = Drafter(TorchEngine(drafts["partial"], capacity=1024), TreeParams(3, 8, 2, 2), (EOS_ID,))
+                coord = Coordinator(drafter, link, POLICIES["rapid"], CoordinatorConfig(depth=3))
+                return (await coord.generate(prompt, MAX_NEW, sampling)).tokens, link.session
+            return await asyncio.gather(*(one(p, s) for p, s, _ in jobs))
+
+        got = asyncio.run(edges())
+        assert [g[0] for g in got] == [ref for _, _, ref in jobs]
+        assert len({replica_of(g[1]) for g in got}) == 2, got  # one session on each replica
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(90)
+    assert rc == 0, "".join(lines[-30:])
+    deadline = time.monotonic() + 20
+    while (left := _ray_processes(temp_dir)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, left  # every Ray process of that cluster is gone
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def ray_cloud(tiny_dir, tmp_path_factory):
     """A local Ray cluster running the rapid Serve app; torn down (every Ray process) at the end."""
@@ -80,12 +148,14 @@ def ray_cloud(tiny_dir, tmp_path_factory):
         pytest.fail(f"Ray Serve is not importable (scripts/setup.sh installs the ray extra): {e}")
     cert, key = _self_signed(tmp_path_factory.mktemp("tls"))
     port = _free_port()
+    temp_dir = tempfile.mkdtemp(prefix="rr", dir="/tmp")  # short: Ray's socket paths must fit
     env = {"OMP_NUM_THREADS": "1"}
     if os.environ.get("PYTHONPATH"):  # replicas import the code this test imports (checked below)
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     t0 = time.monotonic()
     try:
-        ray.init(address="local", num_cpus=4, include_dashboard=False, runtime_env={"env_vars": env})
+        ray.init(address="local", num_cpus=4, include_dashboard=False, runtime_env={"env_vars": env},
+                 _temp_dir=temp_dir)
     except Exception as e:
         pytest.fail(f"Ray could not start: {type(e).__name__}: {e}")
     try:
@@ -98,11 +168,17 @@ def ray_cloud(tiny_dir, tmp_path_factory):
                          replica_host="127.0.0.1", drain_s=30.0)
         serve.run(build_app(spec, scale, TOKEN), name="rapid", route_prefix="/")
         print(f"\nRay + Serve up in {time.monotonic() - t0:.1f}s")
+        assert _ray_processes(temp_dir)
         yield {"url": f"wss://127.0.0.1:{port}", "https": f"https://127.0.0.1:{port}", "cert": cert,
                "ray": ray, "serve": serve}
     finally:
         serve.shutdown()
         ray.shutdown()
+        deadline = time.monotonic() + 20
+        while (left := _ray_processes(temp_dir)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        assert not left, left  # every Ray process of the test cluster is gone
 
 
 class Plan:
