@@ -123,6 +123,10 @@ def sim_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seeds", type=int, default=5, help="simulated generations per cell (seeds 0..n-1)")
     ap.add_argument("--edges", default="1,4,16,64,256", help="comma list of edge counts for the scale study")
     ap.add_argument("--max-batch", type=int, default=64)
+    ap.add_argument("--replicas", default="1", help="comma list of verifier replica counts for the scale study "
+                    "(rapid serve --replicas; edges spread evenly)")
+    ap.add_argument("--ingress-ms", type=float, default=0.0,
+                    help="extra round trip of the Ray Serve ingress hop, added when replicas > 1 (docs/scale-out.md)")
     return ap
 
 

@@ -159,8 +159,15 @@ class _Edge:
 
 def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetProfile, tokens: int = 256,
              seed: int = 0, edges: int = 1, max_batch: int = 64, startup: bool = True,
-             config: CoordinatorConfig | None = None) -> dict:
-    """Run ``edges`` edges until each has ``tokens`` tokens; returns per-edge results and cloud stats."""
+             config: CoordinatorConfig | None = None, replicas: int = 1, ingress_s: float = 0.0) -> dict:
+    """Run ``edges`` edges until each has ``tokens`` tokens; returns per-edge results and cloud stats.
+
+    ``replicas`` verifiers (Ray Serve scale-out) each batch their own queue; edge i's session lives
+    on replica i mod replicas (the router spreads new sessions evenly); ``ingress_s`` is the extra
+    round-trip time of the ingress hop, added to every verdict. cloud_util = mean over replicas.
+    """
+    if replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {replicas}")
     config = config or CoordinatorConfig(depth=cal.depth)
     rng = random.Random(seed)
     period = (sched.on_s + sched.off_s) if sched.kind == "burst" else 0.0
@@ -174,8 +181,8 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
         heapq.heappush(events, (t, seq, kind, e, payload))
         seq += 1
 
-    queue: list = []  # (edge, nodes, t_send)
-    cloud_busy_until = 0.0
+    queues: list[list] = [[] for _ in range(replicas)]  # per replica: (edge, nodes)
+    busy_until = [0.0] * replicas
     cloud_busy = 0.0
     batches: list[int] = []
     for e in es:
@@ -183,31 +190,32 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
     now = 0.0
     pending: dict[int, dict] = {}
 
-    def start_batch(t):
-        nonlocal cloud_busy_until, cloud_busy
-        if not queue or cloud_busy_until > t:
+    def start_batch(t, r):
+        nonlocal cloud_busy
+        queue = queues[r]
+        if not queue or busy_until[r] > t:
             return
         batch, rest = queue[:max_batch], queue[max_batch:]
         queue[:] = rest
         total = sum(n for _, n in batch)
         dur = cal.verify(total) if len(batch) > 1 else cal.verify(batch[0][1])
-        cloud_busy_until = t + dur
+        busy_until[r] = t + dur
         cloud_busy += dur
         batches.append(len(batch))
         for idx, _ in batch:
             pending[idx]["verify_s"] = dur
-            down = es[idx].prof.sample_rtt_s(es[idx].rng) / 2 + cal.overhead_s
+            down = es[idx].prof.sample_rtt_s(es[idx].rng) / 2 + cal.overhead_s + ingress_s
             push(t + dur + down, "verdict", idx)
-        push(t + dur, "cloud_free", -1)
+        push(t + dur, "cloud_free", -1, r)
 
     while events:
         now, _, kind, idx, payload = heapq.heappop(events)
         if kind == "cloud_free":
-            start_batch(now)
+            start_batch(now, payload)
             continue
         if kind == "arrive":
-            queue.append((idx, payload))
-            start_batch(now)
+            queues[idx % replicas].append((idx, payload))
+            start_batch(now, idx % replicas)
             continue
         e = es[idx]
         if kind == "round":  # decide, draft, send
@@ -293,7 +301,7 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
             else:
                 push(end, "round", idx)
     horizon = max(e.res.wall_s for e in es)
-    return {"edges": [e.res for e in es], "cloud_util": cloud_busy / horizon if horizon > 0 else 0.0,
+    return {"edges": [e.res for e in es], "cloud_util": cloud_busy / replicas / horizon if horizon > 0 else 0.0,
             "mean_batch": statistics.fmean(batches) if batches else 0.0, "horizon_s": horizon}
 
 

@@ -83,13 +83,17 @@ def run_sim_cli(a) -> int:
     scale = []
     ns = [int(x) for x in a.edges.split(",") if x.strip()]
     sname = next((s for s in scheds if s != "none"), scheds[0])
+    reps = [int(x) for x in str(getattr(a, "replicas", "1")).split(",") if x.strip()]
     for pol in [p for p in ("fixed", "rapid") if p in pols] or pols[:2]:
-        for n in ns:
-            r = simulate(POLICIES[pol], cal, sch(sname), get_profile(profs[0]), min(a.tokens, 64), 0, edges=n,
-                         max_batch=a.max_batch, startup=False)
-            tps = [e.tok_s for e in r["edges"]]
-            scale.append({"policy": pol, "edges": n, "schedule": sname, "tok_s_per_edge": statistics.fmean(tps),
-                          "total_tok_s": sum(tps), "cloud_util": r["cloud_util"], "mean_batch": r["mean_batch"]})
+        for k in reps:
+            for n in ns:
+                hop = getattr(a, "ingress_ms", 0.0) / 1000 if k > 1 else 0.0
+                r = simulate(POLICIES[pol], cal, sch(sname), get_profile(profs[0]), min(a.tokens, 64), 0, edges=n,
+                             max_batch=a.max_batch, startup=False, replicas=k, ingress_s=hop)
+                tps = [e.tok_s for e in r["edges"]]
+                scale.append({"policy": pol, "edges": n, "replicas": k, "schedule": sname,
+                              "tok_s_per_edge": statistics.fmean(tps), "total_tok_s": sum(tps),
+                              "cloud_util": r["cloud_util"], "mean_batch": r["mean_batch"]})
     result = {"calibration": cal.to_json(), "validation": val, "policies": cells, "scale": scale,
               "tokens": a.tokens, "seeds": a.seeds, "traces": [str(t) for t in a.traces]}
     (out / "sim.json").write_text(json.dumps(result, indent=2))
@@ -151,12 +155,13 @@ def _write_sim_md(out: Path, res: dict) -> None:
         L.append(f"\nTarget rapid ≥ 0.9 × oracle: rapid reaches {worst:.0%}–{max(f for _, f in fr):.0%} of the oracle; "
                  + ("met" if worst >= 0.9 else f"missed in {sum(f < 0.9 for _, f in fr)}/{len(fr)} cells, by up to "
                     f"{(0.9 - worst) / 0.9:.0%}") + ".")
-    L += ["", "## Many edges, one batched verifier (batch time = verify(total nodes))", "",
-          "| policy | schedule | edges | tok/s per edge | total tok/s | cloud utilisation | mean batch |",
-          "|---|---|---|---|---|---|---|"]
+    L += ["", "## Many edges, batched verifier replicas (batch time = verify(total nodes); edges spread "
+          "evenly over the replicas)", "",
+          "| policy | schedule | replicas | edges | tok/s per edge | total tok/s | cloud utilisation | mean batch |",
+          "|---|---|---|---|---|---|---|---|"]
     for r in res["scale"]:
-        L.append(f"| {r['policy']} | {r['schedule']} | {r['edges']} | {r['tok_s_per_edge']:.3g} | "
-                 f"{r['total_tok_s']:.3g} | {r['cloud_util']:.0%} | {r['mean_batch']:.1f} |")
+        L.append(f"| {r['policy']} | {r['schedule']} | {r.get('replicas', 1)} | {r['edges']} | "
+                 f"{r['tok_s_per_edge']:.3g} | {r['total_tok_s']:.3g} | {r['cloud_util']:.0%} | {r['mean_batch']:.1f} |")
     L += ["", "![scale](scale.png)", ""]
     (out / "sim.md").write_text("\n".join(L), encoding="utf-8")
 
@@ -166,10 +171,11 @@ def _plot_scale(out: Path, scale: list[dict]) -> None:
         return
     plt = _plt()
     fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
-    for pol in sorted({r["policy"] for r in scale}):
-        rs = [r for r in scale if r["policy"] == pol]
-        ax[0].plot([r["edges"] for r in rs], [r["tok_s_per_edge"] for r in rs], marker="o", label=pol)
-        ax[1].plot([r["edges"] for r in rs], [r["cloud_util"] for r in rs], marker="o", label=pol)
+    for pol, k in sorted({(r["policy"], r.get("replicas", 1)) for r in scale}):
+        rs = [r for r in scale if r["policy"] == pol and r.get("replicas", 1) == k]
+        label = pol if k == 1 else f"{pol} ×{k} replicas"
+        ax[0].plot([r["edges"] for r in rs], [r["tok_s_per_edge"] for r in rs], marker="o", label=label)
+        ax[1].plot([r["edges"] for r in rs], [r["cloud_util"] for r in rs], marker="o", label=label)
     for x, yl in zip(ax, ("tok/s per edge", "cloud utilisation"), strict=True):
         x.set_xscale("log", base=2)
         x.set_xlabel("edges")

@@ -29,6 +29,7 @@ from rapid.runtime.args import (
     add_context_arg,
     add_tree_args,
 )
+from rapid.server.ray_args import add_scale_out_args, scale_out_options, wants_ray
 
 
 def _version() -> str:
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--idle-timeout", type=float, default=600.0,
                    help="free a silent session's KV after this many s (its connection gets ErrorFrame(timeout))")
     s.add_argument("--grace", type=float, default=30.0, help="keep a dropped session's KV this long for a resume")
+    add_scale_out_args(s)
 
     g = _add(sub, "generate", help="generate with edge drafting and cloud verification")
     g.add_argument("prompt")
@@ -180,6 +182,10 @@ def _dispatch(args) -> int:
             for row in models.describe_default():
                 print(row)
         return 0
+    if args.cmd == "serve" and wants_ray(args):
+        from rapid.server.ray_serve import ALL_KEYS, run_ray_serve
+
+        return run_ray_serve(scale_out_options(args, ALL_KEYS))
     if args.cmd == "serve":
         from rapid.server.main import run_serve
 

@@ -9,8 +9,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 # torch is pinned (2.13.0, CPU build) in pyproject: an unpinned torch would pull a multi-GB CUDA build.
-echo "[setup] installing rapid-spec[cloud,edge,export,bench,dev] (first time: a few minutes)"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[cloud,edge,export,bench,dev]" 2>&1 \
+echo "[setup] installing rapid-spec[cloud,edge,export,bench,dev,ray] (first time: a few minutes)"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[cloud,edge,export,bench,dev,ray]" 2>&1 \
   | grep -v -E "^WARNING: Location|is ignored" || true
 if command -v cmake >/dev/null 2>&1; then
   echo "[setup] building native KV kernels into build/kvops"

@@ -81,6 +81,19 @@ def measured_flat_nodes(model, mode: str) -> int:
     return flat
 
 
+def build_verifier(target: str, limits: Limits, *, threads: int = 1, dtype: str = "auto", device: str = "auto",
+                   verify: str = "auto", token: str | None = None, batch_window_ms: float = 2.0,
+                   max_batch: int = 8) -> VerifierServer:
+    """Load the target, measure its verify mode and curve, and wrap it in a ``VerifierServer``
+    (the single-process server and every Ray Serve replica are built here)."""
+    log.info("loading target %s (%s, %d thread(s))", target, dtype, threads)
+    model, tokenizer = load_target(target, dtype, threads, device)
+    mode = choose_verify_mode(model, verify)
+    return VerifierServer(model, limits, token=token, batch_window_ms=batch_window_ms, max_batch=max_batch,
+                          verify_mode=mode, flat_nodes=measured_flat_nodes(model, mode),
+                          tokenizer=fingerprint(tokenizer))
+
+
 def run_serve(target: str, host: str, port: int, threads: int = 1, dtype: str = "auto",
               max_sessions: int = 16, max_context: int = 4096, max_nodes: int = 64, *,
               token_file: str | None = None, cert: str | None = None, key: str | None = None,
@@ -94,12 +107,8 @@ def run_serve(target: str, host: str, port: int, threads: int = 1, dtype: str = 
     token = load_token(token_file)
     ssl_ctx = server_ssl_context(cert, key)
     check_port_free(host, port)
-    log.info("loading target %s (%s, %d thread(s))", target, dtype, threads)
-    model, tokenizer = load_target(target, dtype, threads, device)
-    mode = choose_verify_mode(model, verify)
-    server = VerifierServer(model, limits, token=token,
-                            batch_window_ms=batch_window_ms, max_batch=max_batch, verify_mode=mode,
-                            flat_nodes=measured_flat_nodes(model, mode), tokenizer=fingerprint(tokenizer))
+    server = build_verifier(target, limits, threads=threads, dtype=dtype, device=device, verify=verify, token=token,
+                            batch_window_ms=batch_window_ms, max_batch=max_batch)
 
     async def main() -> None:
         stop = asyncio.Event()

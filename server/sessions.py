@@ -64,9 +64,10 @@ class Entry:
 
 
 class SessionTable:
-    def __init__(self, limits: Limits, clock=time.monotonic) -> None:
+    def __init__(self, limits: Limits, clock=time.monotonic, id_prefix: str = "") -> None:
         self.limits = limits
         self.clock = clock
+        self.id_prefix = id_prefix  # e.g. a Ray Serve replica id: ids then say where a session lives
         self._entries: dict[str, Entry] = {}
 
     def __len__(self) -> int:
@@ -93,7 +94,7 @@ class SessionTable:
         return True
 
     def add(self, session: TargetSession, owner: Any = None) -> str:
-        sid = secrets.token_hex(8)
+        sid = self.id_prefix + secrets.token_hex(8)
         self._entries[sid] = Entry(sid, session, owner, last_active=self.clock())
         return sid
 

@@ -58,16 +58,32 @@ def test_many_edges_share_a_batched_cloud(cal):
     assert many["cloud_util"] > one["cloud_util"]
 
 
+def test_replicas_share_the_load(cal):
+    """Edges spread over verifier replicas: a saturated cloud gets faster, each replica less busy;
+    one replica with no ingress cost is the single-process cloud."""
+    args = (policies.POLICIES["fixed"], cal, parse_schedule("none"), get_profile("lan"), 48, 0)
+    one = sim.simulate(*args, edges=64, max_batch=2)
+    same = sim.simulate(*args, edges=64, max_batch=2, replicas=1)
+    two = sim.simulate(*args, edges=64, max_batch=2, replicas=2)
+    hop = sim.simulate(*args, edges=64, max_batch=2, replicas=2, ingress_s=0.05)
+    assert one["horizon_s"] == same["horizon_s"]
+    assert two["horizon_s"] < one["horizon_s"] and two["cloud_util"] < one["cloud_util"]
+    assert hop["horizon_s"] > two["horizon_s"]  # the extra hop is paid on every round
+    with pytest.raises(ValueError):
+        sim.simulate(*args, replicas=0)
+
+
 def test_sim_cli_writes_its_report(canned, tmp_path):
     from rapid.bench.cli import main_sim
 
     out = tmp_path / "sim"
     assert main_sim(["--traces", str(canned), "--out", str(out), "--seeds", "2", "--tokens", "48",
-                     "--edges", "1,8"]) == 0
+                     "--edges", "1,8", "--replicas", "1,2", "--ingress-ms", "1.5"]) == 0
     for f in ("sim.json", "sim.md", "scale.png"):
         assert (out / f).exists()
     md = (out / "sim.md").read_text()
     assert "Validation" in md and "Policies vs the oracle" in md and "oracle-load" in md
+    assert "| replicas |" in md
 
 
 def _rows(policy, drafted_accepted, planned=4, run="0"):
