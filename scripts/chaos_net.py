@@ -2,8 +2,9 @@
 
 ``FaultProxy`` forwards whole websocket messages between edges and the cloud and, on a seeded
 schedule, duplicates or delays messages and cuts connections (both directions aborted at the
-TCP level); ``cut_all`` aborts every live connection at once. It drops no message silently: on
-TCP a message is only lost with its connection, and that is what ``cut`` does.
+TCP level); ``cut_all`` aborts every live connection at once; ``blackhole`` turns one connection
+half-open: it stays up but nothing crosses it any more (a NAT that forgot the flow, a pulled
+cable). No message is dropped otherwise: on TCP a message is only lost with its connection.
 
 ``rogue`` sends one malformed case straight to the cloud and checks the answer: every bad frame
 must be answered with an ``ErrorFrame`` of the expected code (or, for an oversized frame, the
@@ -36,7 +37,7 @@ from rapid.wire import (
     encode,
 )
 
-ANSWER_TIMEOUT_S = 10.0
+ANSWER_TIMEOUT_S = 15.0  # > the longest cloud freeze the soak injects (8 s)
 
 
 class FaultProxy:
@@ -50,6 +51,7 @@ class FaultProxy:
         self.max_delay_s = max_delay_s
         self.events: Counter = Counter()
         self._live: set = set()
+        self._holes: set = set()  # half-open pairs: messages are read and discarded
         self._server = None
         self.url = ""
 
@@ -72,6 +74,14 @@ class FaultProxy:
             self.events["cut_all_connections"] += len(pairs)
         return len(pairs)
 
+    def blackhole(self, rng: random.Random) -> bool:
+        """Make one live connection half-open; False if none is live."""
+        pairs = sorted(self._live - self._holes, key=id)
+        if not pairs:
+            return False
+        self._holes.add(rng.choice(pairs))
+        return True
+
     def _fault(self) -> str | None:
         r = self.rng.random()
         for name, p in self.p.items():
@@ -89,19 +99,24 @@ class FaultProxy:
         pair = (client, up)
         self._live.add(pair)
         done = asyncio.Event()
-        tasks = [asyncio.create_task(self._pump(client, up, done)), asyncio.create_task(self._pump(up, client, done))]
+        tasks = [asyncio.create_task(self._pump(client, up, pair, done)),
+                 asyncio.create_task(self._pump(up, client, pair, done))]
         try:
             await done.wait()
         finally:
             self._live.discard(pair)
+            self._holes.discard(pair)
             _abort(client, up)
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _pump(self, src, dst, done: asyncio.Event) -> None:
+    async def _pump(self, src, dst, pair: tuple, done: asyncio.Event) -> None:
         try:
             async for msg in src:
+                if pair in self._holes:
+                    self.events["blackholed_messages"] += 1
+                    continue
                 fault = self._fault()
                 if fault:
                     self.events[fault] += 1

@@ -8,8 +8,10 @@ seeded sampling, random trees), half of them through a fault proxy. On a schedul
 ``--seed`` the soak injects:
 
     cloud_kill      kill -9 of the cloud, restarted on the same port
+    cloud_freeze    SIGSTOP of the cloud for 1-8 s, then SIGCONT (a GC pause, a VM migration)
     edge_kill       kill -9 of an edge process that has streamed part of its output
     proxy_cut_all   every connection through the proxy aborted at once
+    blackhole       one proxied connection made half-open: open, but nothing crosses it
     rogue_<case>    a malformed frame (or session abuse) sent straight to the cloud
     (and per proxied message: cut, dup, delay with the --cut/--dup/--delay probabilities)
 
@@ -29,6 +31,7 @@ import json
 import os
 import platform
 import random
+import signal
 import sys
 import time
 from collections import Counter
@@ -40,10 +43,12 @@ import chaos_report as report
 from chaos_net import FaultProxy, metric, rogue, rogue_cases, rss_kb
 
 import rapid
+import rapid.runtime
+import rapid.server
 from rapid.procs import free_port, start_server, stop_server
 
-WINDOWS = {"cloud_kill": (0.15, 0.7), "edge_kill": (0.05, 0.95), "proxy_cut_all": (0.05, 0.95),
-           "rogue": (0.02, 0.98)}
+WINDOWS = {"cloud_kill": (0.15, 0.7), "cloud_freeze": (0.05, 0.9), "edge_kill": (0.05, 0.95), "proxy_cut_all": (0.05, 0.95),
+           "blackhole": (0.05, 0.9), "rogue": (0.02, 0.98)}
 
 
 class Cloud:
@@ -139,10 +144,12 @@ class Soak:
 
     def schedule(self) -> list[tuple[float, str]]:
         rng, span = random.Random(self.args.seed), self.args.minutes * 60
-        every = {"cloud_kill": self.args.cloud_kill_every, "edge_kill": self.args.edge_kill_every,
-                 "proxy_cut_all": self.args.cut_all_every, "rogue": self.args.rogue_every}
+        every = {"cloud_kill": self.args.cloud_kill_every, "cloud_freeze": self.args.freeze_every,
+                 "edge_kill": self.args.edge_kill_every,
+                 "proxy_cut_all": self.args.cut_all_every, "blackhole": self.args.blackhole_every,
+                 "rogue": self.args.rogue_every}
         plan = []
-        for kind, interval in every.items():
+        for kind, interval in ((k, v) for k, v in every.items() if v > 0):  # 0 = this fault is off
             lo, hi = WINDOWS[kind]
             plan += [(rng.uniform(lo, hi) * span, kind) for _ in range(max(1, round(span / interval)))]
         return sorted(plan)
@@ -166,33 +173,50 @@ class Soak:
         self.faults["cloud_kill"] += 1
         await self.cloud.start()
 
-    async def inject_edge_kill(self, rng: random.Random) -> None:
-        for _ in range(50):  # an edge that has streamed output is mid-generation
-            if self.over():
-                break
-            busy = [v for v in self.live.values() if not v["killed"] and v["out"].stat().st_size > 0]
-            if busy:
-                victim = rng.choice(busy)
-                victim["killed"] = True
-                try:
-                    victim["proc"].kill()
-                except ProcessLookupError:  # it exited on its own just now
-                    victim["killed"] = False
-                    continue
-                self.faults["edge_kill"] += 1
+    async def inject_cloud_freeze(self, rng: random.Random) -> None:
+        if not self.cloud.up.is_set():
+            self.faults["cloud_freeze_skipped"] += 1
+            return
+        proc, seconds = self.cloud.proc, rng.uniform(1.0, 8.0)
+        proc.send_signal(signal.SIGSTOP)
+        self.faults["cloud_freeze"] += 1
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+
+    async def _when_possible(self, kind: str, act) -> None:
+        """Inject ``kind`` as soon as ``act()`` finds something to hit: polled until it does, or
+        until the soak is over (no run in flight and none to come): then it counts as skipped."""
+        while not self.over():
+            if act():
+                self.faults[kind] += 1
                 return
             await asyncio.sleep(0.2)
-        self.faults["edge_kill_skipped"] += 1
+        self.faults[kind + "_skipped"] += 1
+
+    async def inject_edge_kill(self, rng: random.Random) -> None:
+        await self._when_possible("edge_kill", lambda: self._kill_an_edge(rng))
 
     async def inject_proxy_cut_all(self, rng: random.Random) -> None:
-        for _ in range(50):
-            if self.over():
-                break
-            if self.proxy.cut_all():
-                self.faults["proxy_cut_all"] += 1
-                return
-            await asyncio.sleep(0.2)
-        self.faults["proxy_cut_all_skipped"] += 1
+        await self._when_possible("proxy_cut_all", self.proxy.cut_all)
+
+    async def inject_blackhole(self, rng: random.Random) -> None:
+        await self._when_possible("blackhole", lambda: self.proxy.blackhole(rng))
+
+    def _kill_an_edge(self, rng: random.Random) -> bool:
+        """SIGKILL an edge that has streamed output (it is mid-generation); False if none has."""
+        busy = [v for v in self.live.values() if not v["killed"] and v["out"].stat().st_size > 0]
+        if not busy:
+            return False
+        victim = rng.choice(busy)
+        try:
+            victim["proc"].kill()
+        except ProcessLookupError:  # it exited on its own just now
+            return False
+        victim["killed"] = True
+        return True
 
     async def inject_rogue(self, case: str, messages: list) -> None:
         before, was_up = len(self.cloud.incarnations), self.cloud.up.is_set()
@@ -272,9 +296,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--jobs", type=int, default=12, help="distinct (prompt, length, sampling) jobs")
     ap.add_argument("--run-timeout", type=float, default=150.0, help="a run still going after this is a hang")
     ap.add_argument("--grace", type=float, default=4.0, help="the cloud's --grace (resume window), seconds")
-    ap.add_argument("--cloud-kill-every", type=float, default=60.0, help="mean seconds between cloud kills")
+    ap.add_argument("--cloud-kill-every", type=float, default=60.0, help="mean seconds between cloud kills (0 = off, for each fault)")
+    ap.add_argument("--freeze-every", type=float, default=30.0, help="mean seconds between cloud freezes")
     ap.add_argument("--edge-kill-every", type=float, default=10.0)
     ap.add_argument("--cut-all-every", type=float, default=15.0)
+    ap.add_argument("--blackhole-every", type=float, default=60.0,
+                    help="mean seconds between half-open connections (0 = off)")
     ap.add_argument("--rogue-every", type=float, default=4.0)
     ap.add_argument("--cut", type=float, default=0.004, help="per proxied message: abort the connection")
     ap.add_argument("--dup", type=float, default=0.02, help="per proxied message: send it twice")
@@ -286,12 +313,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def code_root() -> Path:
+    """The one source tree every layer is imported from (the children are given the same)."""
+    roots = {Path(m.__file__).resolve().parents[1] for m in (rapid, rapid.runtime, rapid.server)}
+    if len(roots) != 1:
+        raise SystemExit(f"chaos_soak: rapid's layers come from different trees {sorted(map(str, roots))}; "
+                         "the edges and the cloud would not run the code under test")
+    return roots.pop()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    root = str(code_root())
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     # every child (cloud, edges) runs the very package this process imported, single-threaded
-    root = str(Path(rapid.__file__).resolve().parents[1])
     os.environ["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
     os.environ.update(OMP_NUM_THREADS="1", PYTHONIOENCODING="utf-8")
     t0 = time.monotonic()
@@ -300,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     soak = Soak(args, models, jobs, out)
     bound = args.minutes * 60 + args.run_timeout + 420  # set-up, restarts, the grace: never unbounded
     summary = asyncio.run(asyncio.wait_for(soak.run(), bound))
-    config = {**vars(args), "rapid": rapid.__file__, "python": platform.python_version(),
+    config = {**vars(args), "code": root, "python": platform.python_version(),
               "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
               "wall_s": round(time.monotonic() - t0, 1), "phases": soak.phases}
     bad = report.failures(summary)

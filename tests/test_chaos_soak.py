@@ -34,8 +34,9 @@ report = _load("chaos_report")
 @pytest.mark.slow
 def test_short_soak_has_no_hang_leak_mismatch_or_unclean_error(tmp_path):
     cmd = [sys.executable, str(SCRIPTS / "chaos_soak.py"), "--minutes", "0.5", "--edges", "2", "--seed", "3",
-           "--out", str(tmp_path), "--run-timeout", "60", "--cloud-kill-every", "30", "--edge-kill-every", "8",
-           "--cut-all-every", "8", "--rogue-every", "3", "--cut", "0.01"]
+           "--out", str(tmp_path), "--run-timeout", "60", "--grace", "2", "--cloud-kill-every", "30",
+           "--freeze-every", "30", "--edge-kill-every", "15", "--cut-all-every", "10", "--rogue-every", "3",
+           "--cut", "0.01", "--blackhole-every", "0"]  # a half-open connection costs a 30 s deadline
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     result = json.loads((tmp_path / "report.json").read_text())
     s, outcomes = result["summary"], result["summary"]["outcomes"]
@@ -43,10 +44,10 @@ def test_short_soak_has_no_hang_leak_mismatch_or_unclean_error(tmp_path):
     assert r.returncode == 0 and result["passed"], why
     assert outcomes["hang"] == 0, why
     assert s["leak"]["sessions_active"] == 0 and s["leak"]["sessions_before_grace"] >= 1, why
-    assert outcomes["mismatch"] == 0 and outcomes["identical"] >= 2, why
+    assert outcomes["mismatch"] == 0 and outcomes["identical"] >= 1, why
     assert outcomes["unclean_error"] == 0, why
     assert s["runs"] == outcomes["identical"] + outcomes["clean_error"] + outcomes["killed"], why
-    for kind in ("cloud_kill", "edge_kill", "proxy_cut_all"):
+    for kind in ("cloud_kill", "cloud_freeze", "edge_kill", "proxy_cut_all"):
         assert s["faults"].get(kind, 0) >= 1, (kind, why)
     assert sum(v for k, v in s["faults"].items() if k.startswith("rogue_")) >= 5, why
     assert not s["rogue"]["anomalies"] and s["rogue"]["outcomes"].get("ok", 0) >= 3, why
