@@ -135,7 +135,7 @@ class FaultProxy:
 
 def _abort(*conns) -> None:
     for ws in conns:
-        if ws.transport is not None:
+        if ws.transport is not None and not ws.transport.is_closing():
             ws.transport.abort()
 
 

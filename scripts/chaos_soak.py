@@ -96,6 +96,7 @@ class Soak:
         self.faults: Counter = Counter()
         self.rogue: list[dict] = []
         self.rss: list[list] = []
+        self.injector_errors: list[str] = []
         self._next = 0
         self.phases: dict[str, float] = {}  # seconds spent: cloud start + references, runs, leak check
 
@@ -161,11 +162,18 @@ class Soak:
             await asyncio.sleep(max(0.0, self.t0 + at - time.monotonic()))
             if kind == "rogue":
                 case = rng.choice(sorted(cases))
-                tasks.append(asyncio.create_task(self.inject_rogue(case, cases[case])))
+                tasks.append(asyncio.create_task(self._guard(kind, self.inject_rogue(case, cases[case]))))
                 cases = rogue_cases(rng)
             else:
-                tasks.append(asyncio.create_task(getattr(self, "inject_" + kind)(rng)))
+                tasks.append(asyncio.create_task(self._guard(kind, getattr(self, "inject_" + kind)(rng))))
         await asyncio.gather(*tasks)
+
+    async def _guard(self, kind: str, injection) -> None:
+        """A bug in the soak's own fault code is recorded (and fails the soak), never fatal to it."""
+        try:
+            await injection
+        except Exception as e:
+            self.injector_errors.append(f"{kind} at {self.now():.0f}s: {type(e).__name__}: {e}")
 
     async def inject_cloud_kill(self, rng: random.Random) -> None:
         await self.cloud.up.wait()  # never kill a cloud that is still starting
@@ -229,7 +237,14 @@ class Soak:
         self.faults[f"rogue_{case}"] += 1
 
     async def sample_rss(self) -> None:
+        """RSS of the cloud every --rss-every s; a progress line on stderr every 30 s."""
+        last = 0.0
         while True:
+            if self.now() - last >= 30:
+                last = self.now()
+                done = Counter(r["outcome"] for r in self.runs)
+                print(f"[chaos_soak {last:.0f}s] runs {dict(done)}, in flight {len(self.live)}, "
+                      f"faults {sum(self.faults.values())}", file=sys.stderr, flush=True)
             if self.cloud.up.is_set():
                 kb = rss_kb(self.cloud.proc.pid)
                 if kb:
@@ -339,8 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     config = {**vars(args), "code": root, "python": platform.python_version(),
               "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
               "wall_s": round(time.monotonic() - t0, 1), "phases": soak.phases}
-    bad = report.failures(summary)
-    result = {"config": config, "summary": summary, "failures": bad, "passed": not bad,
+    bad = report.failures(summary) + [f"the soak's injector failed: {e}" for e in soak.injector_errors[:5]]
+    result = {"config": config, "summary": summary, "failures": bad, "passed": not bad, "injector_errors": soak.injector_errors,
               "runs": soak.runs, "rogue": soak.rogue, "rss": soak.rss}
     (out / "report.json").write_text(json.dumps(result, indent=1))
     print(report.markdown(summary, config))
