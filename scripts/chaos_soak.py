@@ -15,7 +15,8 @@ seeded sampling, random trees), half of them through a fault proxy. On a schedul
     rogue_<case>    a malformed frame (or session abuse) sent straight to the cloud
     (and per proxied message: cut, dup, delay with the --cut/--dup/--delay probabilities)
 
-New runs start until ``--minutes`` are up; runs in flight then finish (each bounded by
+New runs start until ``--minutes`` are up (or, with ``--min-identical N``, until N runs have
+finished, for at most as long again); runs in flight then finish (each bounded by
 ``--run-timeout``: a run still going then is a hang). After the grace period the cloud's
 ``rapid_sessions_active`` must be 0. Writes DIR/report.json, prints a markdown table, and exits
 1 if any check fails: a hang, a finished run that differs from target-only decoding, a failure
@@ -70,6 +71,12 @@ class Cloud:
                                   "start_s": round(time.monotonic() - t, 1), "killed_at_s": None})
         self.up.set()
 
+    def uptime(self) -> float:
+        """Seconds since the running incarnation listened (0 while it is down or starting)."""
+        if not self.up.is_set():
+            return 0.0
+        return time.monotonic() - self.t0 - self.incarnations[-1]["up_at_s"]
+
     async def kill9(self) -> None:
         self.up.clear()
         self.proc.kill()
@@ -100,9 +107,18 @@ class Soak:
         self._next = 0
         self.phases: dict[str, float] = {}  # seconds spent: cloud start + references, runs, leak check
 
+    def launching(self) -> bool:
+        """New runs start until --minutes are up, then on (for at most as long again) while fewer
+        than --min-identical runs have finished: a loaded machine cannot make the check vacuous."""
+        t = time.monotonic()
+        if t < self.end:
+            return True
+        short = sum(1 for r in self.runs if r["outcome"] == "identical") < self.args.min_identical
+        return short and t < self.end + max(60.0, self.args.minutes * 60)
+
     def over(self) -> bool:
         """No run is in flight and none will start: a fault would hit nothing."""
-        return time.monotonic() >= self.end and not self.live
+        return not self.launching() and not self.live
 
     def now(self) -> float:
         return round(time.monotonic() - self.t0, 2)
@@ -110,7 +126,7 @@ class Soak:
     # -- edges -------------------------------------------------------------------------------
 
     async def edge_slot(self) -> None:
-        while time.monotonic() < self.end:
+        while self.launching():
             spec = edges.make_run(self.rng_runs, self._next, len(self.jobs))
             self._next += 1
             await self.run_edge(spec)
@@ -156,7 +172,9 @@ class Soak:
         return sorted(plan)
 
     async def inject_all(self) -> None:
-        rng, tasks = random.Random(self.args.seed + 2), []
+        """Each event when due. A fault waits until it has something to hit, but at most one of a
+        kind waits at a time (a later one is skipped), so faults never pile up on one victim."""
+        rng, tasks, waiting = random.Random(self.args.seed + 2), [], {}
         cases = rogue_cases(rng)
         for at, kind in self.schedule():
             await asyncio.sleep(max(0.0, self.t0 + at - time.monotonic()))
@@ -164,8 +182,11 @@ class Soak:
                 case = rng.choice(sorted(cases))
                 tasks.append(asyncio.create_task(self._guard(kind, self.inject_rogue(case, cases[case]))))
                 cases = rogue_cases(rng)
+            elif kind in waiting and not waiting[kind].done():
+                self.faults[kind + "_skipped"] += 1
             else:
-                tasks.append(asyncio.create_task(self._guard(kind, getattr(self, "inject_" + kind)(rng))))
+                waiting[kind] = asyncio.create_task(self._guard(kind, getattr(self, "inject_" + kind)(rng)))
+                tasks.append(waiting[kind])
         await asyncio.gather(*tasks)
 
     async def _guard(self, kind: str, injection) -> None:
@@ -176,15 +197,21 @@ class Soak:
             self.injector_errors.append(f"{kind} at {self.now():.0f}s: {type(e).__name__}: {e}")
 
     async def inject_cloud_kill(self, rng: random.Random) -> None:
-        await self.cloud.up.wait()  # never kill a cloud that is still starting
+        while not self.cloud.uptime() >= self.args.min_uptime:  # edges get to use each incarnation
+            if self.over():
+                self.faults["cloud_kill_skipped"] += 1
+                return
+            await asyncio.sleep(0.2)
         await self.cloud.kill9()
         self.faults["cloud_kill"] += 1
         await self.cloud.start()
 
     async def inject_cloud_freeze(self, rng: random.Random) -> None:
-        if not self.cloud.up.is_set():
-            self.faults["cloud_freeze_skipped"] += 1
-            return
+        while not self.cloud.up.is_set():
+            if self.over():
+                self.faults["cloud_freeze_skipped"] += 1
+                return
+            await asyncio.sleep(0.2)
         proc, seconds = self.cloud.proc, rng.uniform(1.0, 8.0)
         proc.send_signal(signal.SIGSTOP)
         self.faults["cloud_freeze"] += 1
@@ -260,7 +287,8 @@ class Soak:
             await asyncio.to_thread(edges.add_references, self.jobs, self.models["target"])  # meanwhile
             await starting
             self.phases["setup_s"] = round(time.monotonic() - self.t0, 1)
-            self.t0 = time.monotonic()  # the soak's clock starts once the cloud is up
+            self.t0 = self.cloud.t0 = time.monotonic()  # the soak's clock starts once the cloud is up
+            self.cloud.incarnations[0]["up_at_s"] = 0.0
             self.end = self.t0 + self.args.minutes * 60
             await self.proxy.start()
             sampler = asyncio.create_task(self.sample_rss())
@@ -308,12 +336,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--edges", type=int, default=4, help="concurrent edge processes")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True, help="folder for report.json, cloud logs, failed runs' output")
+    ap.add_argument("--min-identical", type=int, default=0,
+                    help="go on past --minutes (at most as long again) until this many runs finished")
     ap.add_argument("--jobs", type=int, default=12, help="distinct (prompt, length, sampling) jobs")
     ap.add_argument("--run-timeout", type=float, default=150.0, help="a run still going after this is a hang")
     ap.add_argument("--grace", type=float, default=4.0, help="the cloud's --grace (resume window), seconds")
     ap.add_argument("--cloud-kill-every", type=float, default=60.0, help="mean seconds between cloud kills (0 = off, for each fault)")
+    ap.add_argument("--min-uptime", type=float, default=15.0,
+                    help="a cloud kill waits until the cloud has been up this long")
     ap.add_argument("--freeze-every", type=float, default=30.0, help="mean seconds between cloud freezes")
-    ap.add_argument("--edge-kill-every", type=float, default=10.0)
+    ap.add_argument("--edge-kill-every", type=float, default=15.0)
     ap.add_argument("--cut-all-every", type=float, default=15.0)
     ap.add_argument("--blackhole-every", type=float, default=60.0,
                     help="mean seconds between half-open connections (0 = off)")
