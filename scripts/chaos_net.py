@@ -180,7 +180,7 @@ def rogue_cases(rng: random.Random) -> dict[str, list]:
 async def rogue(url: str, case: str, messages: list) -> dict:
     """Run one case; outcome ok | anomaly (a wrong or no answer) | refused | gone (connection lost)."""
     try:
-        ws = await connect(url, open_timeout=5, max_size=MAX_FRAME_BYTES, compression=None)
+        ws = await connect(url, open_timeout=ANSWER_TIMEOUT_S, max_size=MAX_FRAME_BYTES, compression=None)
     except (OSError, TimeoutError, websockets.InvalidHandshake):
         return {"case": case, "outcome": "refused"}
     try:

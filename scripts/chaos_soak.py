@@ -104,8 +104,13 @@ class Soak:
         self.rogue: list[dict] = []
         self.rss: list[list] = []
         self.injector_errors: list[str] = []
+        self.timeline: list[list] = []  # [seconds, fault, note] as injected
         self._next = 0
         self.phases: dict[str, float] = {}  # seconds spent: cloud start + references, runs, leak check
+
+    def injected(self, kind: str, note: str = "") -> None:
+        self.faults[kind] += 1
+        self.timeline.append([self.now(), kind, note])
 
     def launching(self) -> bool:
         """New runs start until --minutes are up, then on (for at most as long again) while fewer
@@ -203,7 +208,7 @@ class Soak:
                 return
             await asyncio.sleep(0.2)
         await self.cloud.kill9()
-        self.faults["cloud_kill"] += 1
+        self.injected("cloud_kill")
         await self.cloud.start()
 
     async def inject_cloud_freeze(self, rng: random.Random) -> None:
@@ -214,7 +219,7 @@ class Soak:
             await asyncio.sleep(0.2)
         proc, seconds = self.cloud.proc, rng.uniform(1.0, 8.0)
         proc.send_signal(signal.SIGSTOP)
-        self.faults["cloud_freeze"] += 1
+        self.injected("cloud_freeze", f"{seconds:.1f} s")
         try:
             await asyncio.sleep(seconds)
         finally:
@@ -226,7 +231,7 @@ class Soak:
         until the soak is over (no run in flight and none to come): then it counts as skipped."""
         while not self.over():
             if act():
-                self.faults[kind] += 1
+                self.injected(kind)
                 return
             await asyncio.sleep(0.2)
         self.faults[kind + "_skipped"] += 1
@@ -257,11 +262,12 @@ class Soak:
         before, was_up = len(self.cloud.incarnations), self.cloud.up.is_set()
         result = await rogue(self.cloud.url, case, messages)
         if result["outcome"] != "ok":  # a wrong answer, silence, a dropped or refused connection:
+            result["raw"] = result["outcome"]
             disturbed = not was_up or len(self.cloud.incarnations) != before or not self.cloud.up.is_set()
             result["outcome"] = "cloud_down" if disturbed else "anomaly"  # ...the rogue's doing unless killed
         result["at_s"] = self.now()
         self.rogue.append(result)
-        self.faults[f"rogue_{case}"] += 1
+        self.injected(f"rogue_{case}", result["outcome"])
 
     async def sample_rss(self) -> None:
         """RSS of the cloud every --rss-every s; a progress line on stderr every 30 s."""
@@ -388,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
               "wall_s": round(time.monotonic() - t0, 1), "phases": soak.phases}
     bad = report.failures(summary) + [f"the soak's injector failed: {e}" for e in soak.injector_errors[:5]]
     result = {"config": config, "summary": summary, "failures": bad, "passed": not bad, "injector_errors": soak.injector_errors,
-              "runs": soak.runs, "rogue": soak.rogue, "rss": soak.rss}
+              "runs": soak.runs, "timeline": soak.timeline, "rogue": soak.rogue, "rss": soak.rss}
     (out / "report.json").write_text(json.dumps(result, indent=1))
     print(report.markdown(summary, config))
     print("\nPASS" if not bad else "\nFAIL: " + "; ".join(bad))
