@@ -66,8 +66,8 @@ class FaultProxy:
         await self._server.wait_closed()
 
     def cut_all(self, count: bool = True) -> int:
-        """Abort every proxied connection now; returns how many were cut."""
-        pairs = list(self._live)
+        """Abort every proxied connection now (a half-open one stays so); returns how many were cut."""
+        pairs = list(self._live - self._holes) if count else list(self._live)
         for pair in pairs:
             _abort(*pair)
         if count and pairs:
@@ -105,7 +105,10 @@ class FaultProxy:
             await done.wait()
         finally:
             self._live.discard(pair)
-            self._holes.discard(pair)
+            if pair in self._holes:  # half-open: the edge's side stays up (the cloud may be gone)
+                _abort(up)
+                await client.wait_closed()  # until the edge gives up on it
+                self._holes.discard(pair)
             _abort(client, up)
             for t in tasks:
                 t.cancel()
