@@ -1,4 +1,6 @@
-"""The chaos soak's network side: a fault proxy, a rogue client, the cloud's /metrics and RSS.
+"""The chaos soak's cloud and network: the cloud process, a fault proxy, a rogue client, /metrics, RSS.
+
+``Cloud`` is the ``rapid serve`` process, killed with SIGKILL and restarted on the same port.
 
 ``FaultProxy`` forwards whole websocket messages between edges and the cloud and, on a seeded
 schedule, duplicates or delays messages and cuts connections (both directions aborted at the
@@ -16,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import time
 import urllib.request
 from collections import Counter
+from pathlib import Path
 
 import msgpack
 import websockets
@@ -25,6 +29,7 @@ from fuzz_wire import rand_frame
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import serve
 
+from rapid.procs import start_server, stop_server
 from rapid.wire import (
     MAX_FRAME_BYTES,
     Bye,
@@ -38,6 +43,42 @@ from rapid.wire import (
 )
 
 ANSWER_TIMEOUT_S = 15.0  # > the longest cloud freeze the soak injects (8 s)
+
+
+class Cloud:
+    """The ``rapid serve`` process; killed with SIGKILL and restarted on the same port."""
+
+    def __init__(self, target: str, port: int, extra: list[str], logs: Path, t0: float) -> None:
+        self.target, self.port, self.extra, self.logs, self.t0 = target, port, extra, logs, t0
+        self.url = f"ws://127.0.0.1:{port}"
+        self.proc = None
+        self.up = asyncio.Event()
+        self.incarnations: list[dict] = []
+
+    async def start(self) -> None:
+        n = len(self.incarnations)
+        t = time.monotonic()
+        self.proc = await asyncio.to_thread(start_server, self.target, self.port, self.extra, 180.0,
+                                            self.logs / f"serve-{n}.log")
+        self.incarnations.append({"n": n, "pid": self.proc.pid, "up_at_s": round(time.monotonic() - self.t0, 1),
+                                  "start_s": round(time.monotonic() - t, 1), "killed_at_s": None})
+        self.up.set()
+
+    def uptime(self) -> float:
+        """Seconds since the running incarnation listened (0 while it is down or starting)."""
+        if not self.up.is_set():
+            return 0.0
+        return time.monotonic() - self.t0 - self.incarnations[-1]["up_at_s"]
+
+    async def kill9(self) -> None:
+        self.up.clear()
+        self.proc.kill()
+        await asyncio.to_thread(self.proc.wait)
+        self.incarnations[-1]["killed_at_s"] = round(time.monotonic() - self.t0, 1)
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            await asyncio.to_thread(stop_server, self.proc)
 
 
 class FaultProxy:

@@ -41,51 +41,15 @@ from pathlib import Path
 
 import chaos_edges as edges
 import chaos_report as report
-from chaos_net import FaultProxy, metric, rogue, rogue_cases, rss_kb
+from chaos_net import Cloud, FaultProxy, metric, rogue, rogue_cases, rss_kb
 
 import rapid
 import rapid.runtime
 import rapid.server
-from rapid.procs import free_port, start_server, stop_server
+from rapid.procs import free_port
 
 WINDOWS = {"cloud_kill": (0.15, 0.7), "cloud_freeze": (0.05, 0.9), "edge_kill": (0.05, 0.95), "proxy_cut_all": (0.05, 0.95),
            "blackhole": (0.05, 0.9), "rogue": (0.02, 0.98)}
-
-
-class Cloud:
-    """The ``rapid serve`` process; killed with SIGKILL and restarted on the same port."""
-
-    def __init__(self, target: str, port: int, extra: list[str], logs: Path, t0: float) -> None:
-        self.target, self.port, self.extra, self.logs, self.t0 = target, port, extra, logs, t0
-        self.url = f"ws://127.0.0.1:{port}"
-        self.proc = None
-        self.up = asyncio.Event()
-        self.incarnations: list[dict] = []
-
-    async def start(self) -> None:
-        n = len(self.incarnations)
-        t = time.monotonic()
-        self.proc = await asyncio.to_thread(start_server, self.target, self.port, self.extra, 180.0,
-                                            self.logs / f"serve-{n}.log")
-        self.incarnations.append({"n": n, "pid": self.proc.pid, "up_at_s": round(time.monotonic() - self.t0, 1),
-                                  "start_s": round(time.monotonic() - t, 1), "killed_at_s": None})
-        self.up.set()
-
-    def uptime(self) -> float:
-        """Seconds since the running incarnation listened (0 while it is down or starting)."""
-        if not self.up.is_set():
-            return 0.0
-        return time.monotonic() - self.t0 - self.incarnations[-1]["up_at_s"]
-
-    async def kill9(self) -> None:
-        self.up.clear()
-        self.proc.kill()
-        await asyncio.to_thread(self.proc.wait)
-        self.incarnations[-1]["killed_at_s"] = round(time.monotonic() - self.t0, 1)
-
-    async def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            await asyncio.to_thread(stop_server, self.proc)
 
 
 class Soak:
