@@ -306,18 +306,21 @@ class CloudLink:
         """The verdict of ``round_id``, re-sending and reconnecting as needed, within the deadline."""
         budget = self.verdict_deadline_s()
         try:
-            frame = await asyncio.wait_for(self._await_verdict(round_id), budget)
+            frame = await asyncio.wait_for(self._await_verdict(round_id, min(self.retry_timeout, budget / 3)), budget)
         except TimeoutError:
             raise CloudError("deadline", f"no verdict for round {round_id} within {budget:.1f}s "
                                          f"(re-sends and reconnects included)") from None
         self._slowest = max(self._slowest, self._arrivals.get(round_id, time.perf_counter()) - self._sent_at)
         return frame
 
-    async def _await_verdict(self, round_id: int) -> VerdictFrame:
+    async def _await_verdict(self, round_id: int, silence_s: float) -> VerdictFrame:
+        """Wait for the verdict; after ``silence_s`` without a frame re-send the tree, after
+        another ``silence_s`` reconnect (a third of the deadline at most, so a half-open
+        connection is recovered before the deadline fires)."""
         silent = 0
         while True:
             try:
-                frame = await self._next(self.retry_timeout if self.reconnect else None)
+                frame = await self._next(silence_s if self.reconnect else None)
             except TimeoutError:
                 silent += 1
                 if silent == 1 and self._pending is not None:  # maybe a message was lost: re-send first

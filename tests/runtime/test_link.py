@@ -174,3 +174,23 @@ def test_http_503_is_a_full_cloud_not_an_unreachable_one(reconnect):
             assert time.monotonic() - t0 < 3.0
 
     asyncio.run(asyncio.wait_for(run(), 10))
+
+
+def test_a_silent_connection_is_recovered_before_the_deadline():
+    """Re-send and reconnect happen within thirds of the deadline, even with a long retry_timeout
+    (a half-open connection used to run into the deadline with no reconnect: the chaos soak)."""
+    answered = {"n": 0}
+
+    def second_time(tree, committed):
+        answered["n"] += 1
+        return accept_first(tree, committed) if answered["n"] > 2 else None  # the first two copies vanish
+
+    async def body(url):
+        link = CloudLink(url, retry_timeout=30.0, verdict_timeout_s=1.5, backoff_s=0.01)
+        await link.open(Hello([1], max_nodes=8))
+        await link.send_tree(0, [5], [-1])
+        verdict = await link.verdict(0)
+        assert verdict.path == [0] and link.stats["resent"] >= 1 and link.stats["reconnects"] >= 1
+        await link.close()
+
+    asyncio.run(with_peer(second_time, body))
