@@ -1,4 +1,5 @@
-"""Server-side fixtures: the default target's layer shapes with random bf16 weights."""
+"""Server-side fixtures: the default target's layer shapes with random bf16 weights, and
+``make_cloud`` (real verifiers on loopback with given limits)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import pytest
 import torch
 
 from rapid.modeling import Decoder, DecoderConfig
+from rapid.server.app import VerifierServer
+from rapid.server.background import BackgroundServer
+from rapid.server.sessions import Limits
 
 # Qwen2.5-Coder-1.5B's shapes (the default target) with 2 of its 28 layers.
 DEFAULT_TARGET_SHAPES = DecoderConfig("qwen2", 151936, 1536, 2, 12, 2, 128, 8960, 1e-6, 1e6, True, False, False,
@@ -23,3 +27,18 @@ def real_shapes_bf16():
             p.fill_(1.0) if "norm" in name else p.normal_(0.0, 0.02)
     model.lm_head.weight = model.embed_tokens.weight
     return model.eval().requires_grad_(False)
+
+
+@pytest.fixture()
+def make_cloud(tiny_pair):
+    """make_cloud(**Limits fields) → a real verifier on loopback (the tiny target), closed after the test."""
+    made = []
+
+    def make(**limits):
+        server = BackgroundServer(VerifierServer(tiny_pair[0], Limits(**limits)))
+        made.append(server)
+        return server
+
+    yield make
+    for s in made:
+        s.close()

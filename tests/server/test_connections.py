@@ -13,25 +13,8 @@ from websockets.asyncio.client import connect
 from websockets.protocol import State
 
 from rapid.runtime.link import FULL_RETRY_S, CloudError, CloudLink
-from rapid.server.app import VerifierServer
-from rapid.server.background import BackgroundServer
 from rapid.server.connections import ConnectionGate
-from rapid.server.sessions import Limits
 from rapid.wire import ErrorFrame, Hello, Ready, Tree, VerdictFrame, decode, encode
-
-
-@pytest.fixture()
-def make_cloud(tiny_pair):
-    made = []
-
-    def make(**limits):
-        server = BackgroundServer(VerifierServer(tiny_pair[0], Limits(**limits)))
-        made.append(server)
-        return server
-
-    yield make
-    for s in made:
-        s.close()
 
 
 def metric(cloud, name: str) -> float:

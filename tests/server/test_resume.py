@@ -13,7 +13,6 @@ from websockets.asyncio.client import connect
 from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer
 from rapid.server.background import BackgroundServer
-from rapid.server.sessions import Limits
 from rapid.server.target import reference_decode
 from rapid.wire import Bye, ErrorFrame, Hello, Ready, Tree, VerdictFrame, decode, encode
 
@@ -25,20 +24,6 @@ async def rpc(ws, frame):
 
 def abort(ws):
     ws.transport.abort()
-
-
-@pytest.fixture()
-def make_cloud(tiny_pair):
-    made = []
-
-    def make(**limits):
-        server = BackgroundServer(VerifierServer(tiny_pair[0], Limits(**limits)))
-        made.append(server)
-        return server
-
-    yield make
-    for s in made:
-        s.close()
 
 
 def test_resent_tree_gets_the_stored_verdict(make_cloud):
