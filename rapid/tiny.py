@@ -39,17 +39,21 @@ def write_tokenizer(folder: Path) -> None:
     fast.save_pretrained(folder)
 
 
-def _byte_of(ch: str) -> int:
-    """Inverse of the GPT-2 bytes→unicode map."""
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte → printable character map (what a ByteLevel tokenizer stores in its vocab)."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
+    cs, n = bs[:], 0
     for b in range(256):
         if b not in bs:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return dict(zip(map(chr, cs), bs, strict=True))[ch]
+    return dict(zip(bs, map(chr, cs), strict=True))
+
+
+def _byte_of(ch: str) -> int:
+    """Inverse of the GPT-2 bytes→unicode map."""
+    return {c: b for b, c in bytes_to_unicode().items()}[ch]
 
 
 def build_tiny(folder: str | Path, arch: str = "qwen2", seed: int = 0, perturb: float = 0.0,

@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from rapid.tiny import bytes_to_unicode
+
 EOS = 256
 # token id -> the one character it renders as: printable ASCII as itself, every other id a CJK
 # ideograph (valid 3-byte UTF-8), so no two ids render alike and no id renders as U+FFFD
@@ -38,18 +40,6 @@ DRAFTS = ("same", "partial", "unrelated")
 ERROR_LINE = "rapid generate: error: "
 
 
-def _byte_chars() -> dict[int, str]:
-    """GPT-2's byte -> printable character map (what a ByteLevel tokenizer stores in its vocab)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs), strict=True))
-
-
 def write_lossless_tokenizer(folder: Path) -> None:
     """Replace ``folder``'s tokenizer by a byte-level one whose decode is injective (``ALPHABET``).
 
@@ -60,7 +50,7 @@ def write_lossless_tokenizer(folder: Path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    spell = _byte_chars()
+    spell = bytes_to_unicode()
     vocab = {"".join(spell[b] for b in c.encode()): i for i, c in enumerate(ALPHABET) if i != EOS}
     vocab["<|endoftext|>"] = EOS
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))

@@ -28,6 +28,7 @@ from rapid.models import (
     resolve_model,
     verify_wheel,
 )
+from rapid.tiny import bytes_to_unicode
 
 
 @pytest.fixture
@@ -273,24 +274,12 @@ def test_import_is_cheap() -> None:
 # ---------------------------------------------------------------- tiny GGUF round trip
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte-level BPE alphabet."""
-    bs = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs), strict=True))
-
-
 def _write_tiny_qwen2_gguf(path: Path) -> object:
     """A random 2-layer Qwen2 (hidden 32, vocab 300) written as an F32 GGUF; returns the HF model."""
     gguf = pytest.importorskip("gguf")
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    alphabet = _bytes_to_unicode()
+    alphabet = bytes_to_unicode()
     merges = ["Ġ t", "Ġ a", "d e", "de f", "Ġt h"]
     tokens = [alphabet[b] for b in range(256)] + [m.replace(" ", "") for m in merges]
     tokens += ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
