@@ -7,7 +7,8 @@ Endpoints (FastAPI + uvicorn): ``POST /v1/completions``, ``POST /v1/chat/complet
 template from the tokenizer; ``stream: true`` → server-sent events ending in ``data: [DONE]``;
 what is honoured and what is refused: ``rapid.runtime.openai_schema``), ``GET /v1/models``,
 ``GET /health`` (503 while the cloud does not answer), ``GET /livez``, ``GET /metrics``
-(Prometheus text). ``--max-tokens``, ``--temperature``, ``--top-p``, ``--top-k`` and ``--seed``
+(Prometheus text). ``--api-key`` (else ``$RAPID_API_KEY``) requires ``Authorization: Bearer KEY``
+on ``/v1/*``; the three probes stay open. ``--max-tokens``, ``--temperature``, ``--top-p``, ``--top-k`` and ``--seed``
 are the defaults of requests that leave them out. Clean shutdown on SIGTERM/SIGINT (uvicorn's handlers: stop
 accepting, finish in-flight requests up to ``--shutdown-timeout``).
 
