@@ -15,7 +15,9 @@ Round i:
         observes round i (against the B_hat that set L_i) and settles L_{i+1}
 
 The cloud's acceptance rule is untouched, so the emitted tokens equal target-only decoding
-whatever the policy, the timing or the interruptions.
+whatever the policy, the timing or the interruptions. With ``logprobs`` k >= 0 the cloud also
+scores every emitted token (``Generation.scores``, ``rapid.runtime.token_scores``): the same
+float32 numbers target-only decoding gives, since they come from the same logits rows.
 
 Drafting runs on worker threads, which asyncio cannot cancel. Every worker is tracked; however a
 generation ends (verdict, error, cancellation, a caller's abort) it sets the halt flag, which
@@ -40,6 +42,7 @@ from rapid.runtime.drafter import Drafter
 from rapid.runtime.link import CloudError, CloudLink
 from rapid.runtime.policies import Policy, get_policy
 from rapid.runtime.telemetry import RoundRecord, Summary, summarize
+from rapid.runtime.token_scores import TokenScore, verdict_scores
 from rapid.runtime.tree import TreeParams
 from rapid.sampling import SamplingParams
 from rapid.wire import Hello, Ready
@@ -51,6 +54,7 @@ class Generation:
     records: list[RoundRecord]
     summary: Summary
     stopped: bool  # hit a stop token (else max_new)
+    scores: list[TokenScore] = field(default_factory=list)  # per token, when logprobs were asked for
 
 
 @dataclass(slots=True)
@@ -164,48 +168,63 @@ class Coordinator:
             raise ContextFullError(f"prompt ({len(prompt)}) + max tokens ({max_new}) + tree slots need a draft "
                                    f"context of {need}, the engine has {d.engine.info.capacity}")
 
-    def _check_cloud(self, ready: Ready, prompt: Sequence[int], max_new: int) -> None:
+    def _check_cloud(self, ready: Ready, prompt: Sequence[int], max_new: int, fit: bool = False) -> int:
         """The cloud's limits from ``Ready``: the tree budget, and its context. The last round
         commits prompt + max_new - 1 tokens before its tree, so the cloud (prefix KV, root,
-        nodes, bonus) needs ``len(prompt) + max_new + budget`` slots."""
+        nodes, bonus) needs ``len(prompt) + max_new + budget`` slots. With ``fit``, ``max_new``
+        is only an upper bound: it becomes ``min(max_new, capacity − len(prompt) − budget)``.
+        Returns the max_new to generate."""
         d = self.drafter
         d.params = d.params.for_cloud(ready.max_nodes, ready.flat_nodes)
         if self.policy.drafting and ready.max_nodes < d.params.budget:
             raise CloudError("limits", f"tree budget {d.params.budget} exceeds the cloud's limit of "
                                        f"{ready.max_nodes} nodes per tree; lower --budget")
-        need = len(prompt) + max_new + (d.params.budget if self.policy.drafting else 0)
+        nodes = d.params.budget if self.policy.drafting else 0
+        if fit:
+            max_new = min(max_new, ready.capacity - len(prompt) - nodes)
+        need = len(prompt) + max(max_new, 1) + nodes
         if need > ready.capacity:
             raise ContextFullError(f"prompt ({len(prompt)}) + max tokens ({max_new}) + tree nodes need a cloud "
                                    f"context of {need}, the cloud has {ready.capacity}")
+        return max_new
 
     async def generate(self, prompt: Sequence[int], max_new: int, sampling: SamplingParams,
-                       on_tokens: Callable[[list[int]], None] | None = None) -> Generation:
+                       on_tokens: Callable[[list[int]], None] | None = None, *, logprobs: int = -1,
+                       fit_cloud: bool = False,
+                       on_scores: Callable[[list[TokenScore]], None] | None = None) -> Generation:
         """Generate up to ``max_new`` tokens (see the module docstring); the cloud session is
-        closed and every worker thread has stopped when this returns or raises."""
+        closed and every worker thread has stopped when this returns or raises.
+
+        ``logprobs``: -1 none, k >= 0 the target's log-probability of each token and its top k
+        (``on_scores`` gets them just before ``on_tokens`` gets the same tokens). ``fit_cloud``:
+        ``max_new`` is an upper bound lowered to what the cloud's context holds (a request
+        without max_tokens), instead of a limit the cloud must fit (ContextFullError)."""
         self._check_room(prompt, max_new)
         self._halt.clear()
         t_begin = self.clock()
         try:
             d = self.drafter
             ready = await self.link.open(Hello(list(prompt), sampling.temperature, sampling.top_p, sampling.top_k,
-                                               sampling.seed, max_nodes=d.params.budget))
-            self._check_cloud(ready, prompt, max_new)
-            out, records, stopped = await self._rounds(prompt, max_new, on_tokens)
+                                               sampling.seed, max_nodes=d.params.budget, logprobs=logprobs))
+            max_new = self._check_cloud(ready, prompt, max_new, fit_cloud)
+            out, records, stopped, scores = await self._rounds(prompt, max_new, on_tokens, on_scores)
         finally:
             try:
                 await self._drain()
             finally:
                 await self.link.close()
         wall = self.clock() - t_begin
-        return Generation(out, records, summarize(self.policy.name, records, len(out), wall), stopped)
+        return Generation(out, records, summarize(self.policy.name, records, len(out), wall), stopped, scores)
 
-    async def _rounds(self, prompt: Sequence[int], max_new: int,
-                      on_tokens: Callable[[list[int]], None] | None) -> tuple[list[int], list[RoundRecord], bool]:
+    async def _rounds(self, prompt: Sequence[int], max_new: int, on_tokens: Callable[[list[int]], None] | None,
+                      on_scores: Callable[[list[TokenScore]], None] | None = None):
+        """The rounds; returns (tokens, records, stopped, scores)."""
         d, p = self.drafter, self.policy
         stop_ids = d.stop_ids
         d.start(prompt)
         self.controller.new_request()
         out: list[int] = []
+        scores: list[TokenScore] = []
         records: list[RoundRecord] = []
         decision = self.controller.next_depth(p.proactive)
         round_id, stopped = 0, False
@@ -249,14 +268,17 @@ class Coordinator:
             decision = self.controller.next_depth(p.proactive)  # settled on the freshest acceptance
             before = len(out)
             out, done = finish(out + plan.emitted, max_new, stop_ids)
+            scores = (scores + verdict_scores(verdict, plan.emitted))[:len(out)]
             stopped = done and bool(out) and out[-1] in stop_ids
             rec.emitted = len(out) - before
             rec.t_end = self.clock()
             records.append(rec)
+            if on_scores and rec.emitted and scores:
+                on_scores(scores[before:])
             if on_tokens and rec.emitted:
                 on_tokens(out[before:])
             if done:
-                return out, records, stopped
+                return out, records, stopped, scores
             round_id += 1
 
 

@@ -7,7 +7,8 @@ Endpoints (FastAPI + uvicorn): ``POST /v1/completions``, ``POST /v1/chat/complet
 template from the tokenizer; ``stream: true`` → server-sent events ending in ``data: [DONE]``;
 what is honoured and what is refused: ``rapid.runtime.openai_schema``), ``GET /v1/models``,
 ``GET /health`` (503 while the cloud does not answer), ``GET /livez``, ``GET /metrics``
-(Prometheus text). ``--max-tokens``, ``--temperature``, ``--top-p``, ``--top-k`` and ``--seed``
+(Prometheus text). ``--api-key`` (else ``$RAPID_API_KEY``) requires ``Authorization: Bearer KEY``
+on ``/v1/*``; the three probes stay open. ``--max-tokens``, ``--temperature``, ``--top-p``, ``--top-k`` and ``--seed``
 are the defaults of requests that leave them out. Clean shutdown on SIGTERM/SIGINT (uvicorn's handlers: stop
 accepting, finish in-flight requests up to ``--shutdown-timeout``).
 
@@ -82,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--listen", default=None, help="HOST:PORT, the older spelling of --host/--port")
     ap.add_argument("--parallel", type=int, default=2, help="draft engines = requests generated at once")
     add_context_arg(ap)
+    ap.add_argument("--api-key", default=None,
+                    help="require Authorization: Bearer KEY on /v1/* (default: $RAPID_API_KEY, else open); "
+                         "/health, /livez, /metrics stay open")
     ap.add_argument("--model-name", help="model id reported by /v1/models (default: the draft's name)")
     ap.add_argument("--retry-timeout", type=float, default=30.0, help="silence before the link re-sends/reconnects")
     ap.add_argument("--verdict-timeout", type=float, default=120.0,
@@ -99,6 +103,11 @@ def request_defaults(args: argparse.Namespace) -> RequestDefaults:
     """The daemon's sampling flags as the defaults of its requests."""
     return RequestDefaults(args.max_tokens, 1.0 if args.temperature is None else args.temperature,
                            1.0 if args.top_p is None else args.top_p, args.top_k or 0, args.seed)
+
+
+def api_key_of(args: argparse.Namespace) -> str | None:
+    """The local API's key: ``--api-key``, else ``$RAPID_API_KEY``, else None (no key needed)."""
+    return args.api_key or os.environ.get("RAPID_API_KEY") or None
 
 
 def _source_and_backend(args: argparse.Namespace) -> tuple[str, str]:
@@ -137,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
                           token=token, ssl=ssl, model_name=args.model_name or os.path.basename(source.rstrip("/")),
                           link_options={"retry_timeout": args.retry_timeout,
                                         "verdict_timeout_s": args.verdict_timeout})
-    config = uvicorn.Config(create_app(service, request_defaults(args)), host=host, port=int(port), log_level="info",
+    api_key = api_key_of(args)
+    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("the API on %s:%s needs no key (no --api-key / RAPID_API_KEY)", host, port)
+    config = uvicorn.Config(create_app(service, request_defaults(args), api_key), host=host, port=int(port), log_level="info",
                             log_config=None,  # uvicorn logs through the CLI's handler and format
                             timeout_graceful_shutdown=args.shutdown_timeout, access_log=False)
     server = _Server(config)

@@ -3,7 +3,8 @@
 A draft engine holds one sequence's KV, so it serves one request at a time: the service hands
 its engines out first come, first served from an ``asyncio.Queue`` (later requests wait in FIFO
 order), opens one cloud session (``CloudLink``) per request, detokenizes, applies stop strings
-and streams text pieces through :class:`Result`. A request whose client went away is abandoned
+and streams text pieces (with the scores of their tokens when log-probabilities were asked for)
+through :class:`Result`; tokens a stop string cuts off lose their scores too. A request whose client went away is abandoned
 at the next round boundary (:class:`_Abort`). The HTTP layer is :mod:`.openai_api`.
 """
 
@@ -23,6 +24,7 @@ from rapid.runtime.coordinator import CoordinatorConfig, assemble, controller_fo
 from rapid.runtime.detok import Detokenizer
 from rapid.runtime.edge_metrics import EdgeMetrics
 from rapid.runtime.link import CloudError, CloudLink
+from rapid.runtime.openai_logprobs import TokenLogprob
 from rapid.runtime.policies import get_policy
 from rapid.runtime.tree import TreeParams
 from rapid.sampling import SamplingParams
@@ -43,6 +45,15 @@ class Request:
     seed: int
     stop: list[str]
     top_k: int = 0
+    logprobs: int = -1  # -1: none; k >= 0: every token's log-probability and its top k
+
+
+@dataclass(slots=True, frozen=True)
+class Piece:
+    """A streamed piece of text and the scored tokens whose text starts in it."""
+
+    text: str
+    logprobs: list[TokenLogprob]
 
 
 def default_max_tokens(capacity: int, prompt_len: int, tree: TreeParams) -> int:
@@ -65,7 +76,8 @@ class Result:
     status: int = 502  # HTTP status of ``error`` (``http_error``)
     error_type: str = "cloud_error"
     error_code: str | None = None
-    pieces: asyncio.Queue = field(default_factory=asyncio.Queue)  # str pieces, then None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # of the tokens sent (with logprobs)
+    pieces: asyncio.Queue = field(default_factory=asyncio.Queue)  # Piece objects, then None
 
 
 def http_error(e: Exception) -> tuple[int, str, str | None]:
@@ -164,30 +176,40 @@ class EdgeService:
         detok = Detokenizer(self.tokenizer)
         full, sent = "", 0
         hold = max((len(s) for s in req.stop), default=1) - 1
+        scored: list = []  # TokenScores of the tokens on_tokens gets next (on_scores comes first)
+        unsent: list[TokenLogprob] = []  # scored tokens not streamed yet, by offset
 
-        def emit(upto: int) -> None:
-            nonlocal sent
-            if upto > sent:
-                if sent == 0:
+        def emit(upto: int, final: bool = False) -> None:
+            nonlocal sent, unsent
+            n = len(unsent) if final else next((i for i, r in enumerate(unsent) if r.offset >= upto), len(unsent))
+            if upto > sent or n:
+                if sent == 0 and upto > sent:
                     self.metrics.ttft.observe(time.perf_counter() - t_start)
-                res.pieces.put_nowait(full[sent:upto])
-                sent = upto
+                res.pieces.put_nowait(Piece(full[sent:upto], unsent[:n]))
+                res.logprobs += unsent[:n]
+                sent, unsent = max(sent, upto), unsent[n:]
 
         def check(final: bool) -> bool:
-            """Emit what is safe; True when a stop string was found."""
+            """Emit what is safe; True when a stop string was found (its tokens lose their scores)."""
             nonlocal full
             hits = [i for i in (full.find(s, max(0, sent - len(s))) for s in req.stop if s) if i >= 0]
             if hits:
                 full = full[:min(hits)]
                 emit(len(full))
                 return True
-            emit(len(full) if final else max(sent, len(full) - hold))
+            emit(len(full) if final else max(sent, len(full) - hold), final)
             return False
 
         def on_tokens(ids: list[int]) -> None:
             nonlocal full
             res.completion_tokens += len(ids)
-            full += detok.push(ids)
+            if scored:  # one token at a time: each token's text offset
+                for t, sc in zip(ids, scored, strict=True):
+                    unsent.append(TokenLogprob(sc, len(full)))
+                    full += detok.push([t])
+                scored.clear()
+            else:
+                full += detok.push(ids)
             if check(False):
                 res.finish_reason = "stop"
                 raise _Abort
@@ -201,8 +223,9 @@ class EdgeService:
             coord = assemble(edge.engine, self.tree, edge.stop_ids, link, self.policy, cfg, ctrl)
             sampling = SamplingParams(req.temperature, req.top_p, req.top_k, req.seed)
             max_new = req.max_tokens or default_max_tokens(edge.engine.info.capacity, len(req.prompt_ids), self.tree)
-            try:
-                gen = await coord.generate(req.prompt_ids, max_new, sampling, on_tokens)
+            try:  # no max_tokens: until EOS or min(edge, cloud) context (the cloud's from its Ready)
+                gen = await coord.generate(req.prompt_ids, max_new, sampling, on_tokens, logprobs=req.logprobs,
+                                           fit_cloud=req.max_tokens is None, on_scores=scored.extend)
             except _Abort:
                 pass
             else:

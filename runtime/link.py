@@ -47,6 +47,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from rapid.auth import bearer
 from rapid.errors import RapidError
 from rapid.wire import (
+    PROTOCOL_VERSION,
     TRANSPORT_MAX_BYTES,
     Bye,
     ErrorFrame,
@@ -206,6 +207,10 @@ class CloudLink:
                     raise _Full(frame.reason)
                 if frame.code in RETRYABLE:
                     raise _Lost(f"{frame.code}: {frame.reason}")
+                if frame.code == "bad_frame" and "unknown fields" in frame.reason:  # a v1 cloud
+                    raise CloudError("bad_version", f"the cloud speaks an older RAPID protocol than this edge "
+                                                    f"(v{PROTOCOL_VERSION}; it said: {frame.reason}); run the same "
+                                                    "RAPID version on edge and cloud")
                 raise CloudError(frame.code, frame.reason)
             # anything else (a stray duplicate) is ignored
         if self.tokenizer and frame.tokenizer and frame.tokenizer != self.tokenizer:

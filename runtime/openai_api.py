@@ -11,6 +11,11 @@ bad or refused request (a context overflow: ``context_length_exceeded``), 404 fo
 route or model (``model_not_found``), 405, 502/503/504 for the cloud, 500 only for a bug — with
 no traceback in the body. A stream that fails before its first token gets that status too;
 ``rapid_edge_requests_total`` counts the status that was sent.
+
+With an API key (``rapid edge --api-key`` / ``$RAPID_API_KEY``) every ``/v1/*`` route needs
+``Authorization: Bearer <key>`` (compared in constant time, ``rapid.auth``), else 401
+``invalid_api_key``; ``/health``, ``/livez`` and ``/metrics`` stay open, as in vLLM.
+Log-probabilities are laid out by :mod:`.openai_logprobs`.
 """
 
 from __future__ import annotations
@@ -22,11 +27,19 @@ import time
 import uuid
 from typing import Any
 
-from rapid.runtime.engine_pool import EdgeService, Request, Result
+from rapid.auth import check_authorization_headers
+from rapid.runtime.engine_pool import EdgeService, Piece, Request, Result
+from rapid.runtime.openai_logprobs import (
+    TokenLogprob,
+    TokenNames,
+    chat_logprobs,
+    completion_logprobs,
+)
 from rapid.runtime.openai_schema import (
     ApiError,
     ChatBody,
     RequestDefaults,
+    logprobs_of,
     max_tokens_of,
     parse_body,
     sampling_of,
@@ -49,7 +62,8 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
 def build_request(service: EdgeService, body, defaults: RequestDefaults) -> Request:
     """A validated body → the generation request (prompt tokens, limits, sampling, stops)."""
     temperature, top_p, top_k, seed = sampling_of(body, defaults)
-    req = Request([], max_tokens_of(body, defaults), temperature, top_p, seed, stop_strings(body), top_k)
+    req = Request([], max_tokens_of(body, defaults), temperature, top_p, seed, stop_strings(body), top_k,
+                  logprobs_of(body))
     if isinstance(body, ChatBody):
         req.prompt_ids = service.encode_chat([{"role": m.role, "content": m.text()} for m in body.messages])
     else:
@@ -68,7 +82,7 @@ def build_request(service: EdgeService, body, defaults: RequestDefaults) -> Requ
     return req
 
 
-def create_app(service: EdgeService, defaults: RequestDefaults | None = None):
+def create_app(service: EdgeService, defaults: RequestDefaults | None = None, api_key: str | None = None):
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse
@@ -81,6 +95,14 @@ def create_app(service: EdgeService, defaults: RequestDefaults | None = None):
     def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
               code: str | None = None):
         return JSONResponse(error_body(message, kind, param, code), status)
+
+    @app.middleware("http")
+    async def require_api_key(http: HTTPRequest, call_next):
+        if api_key is not None and http.url.path.startswith("/v1/") and \
+                not check_authorization_headers(http.headers.getlist("authorization"), api_key):
+            service.metrics.requests.labels("auth", "401").inc()
+            return error(401, "Incorrect or missing API key: send Authorization: Bearer <key>", code="invalid_api_key")
+        return await call_next(http)
 
     @app.exception_handler(HTTPException)
     async def http_error(_, exc: HTTPException):
@@ -163,6 +185,7 @@ class Reply:
 
     def __init__(self, service: EdgeService, req: Request, res: Result, chat: bool, include_usage: bool) -> None:
         self.service, self.req, self.res, self.chat, self.include_usage = service, req, res, chat, include_usage
+        self.names = TokenNames(service.tokenizer) if req.logprobs >= 0 else None
         self.rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
 
@@ -174,13 +197,20 @@ class Reply:
         return {"prompt_tokens": n, "completion_tokens": self.res.completion_tokens,
                 "total_tokens": n + self.res.completion_tokens}
 
-    def choice(self, text: str | None, finish: str | None, first: bool = False) -> dict:
+    def logprobs(self, records: list[TokenLogprob] | None) -> dict | None:
+        """The choice's ``logprobs`` (None when not asked for, or for a chunk without tokens)."""
+        if self.names is None or records is None:
+            return None
+        return (chat_logprobs if self.chat else completion_logprobs)(records, self.names)
+
+    def choice(self, text: str | None, finish: str | None, first: bool = False,
+               records: list[TokenLogprob] | None = None) -> dict:
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
             if text is not None:
                 delta["content"] = text
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "delta": delta, "logprobs": self.logprobs(records), "finish_reason": finish}
+        return {"index": 0, "text": text or "", "logprobs": self.logprobs(records), "finish_reason": finish}
 
     def failed(self, endpoint: str):
         from fastapi.responses import JSONResponse
@@ -192,14 +222,14 @@ class Reply:
     def whole(self) -> dict:
         r = self.res
         if self.chat:
-            ch = {"index": 0, "message": {"role": "assistant", "content": r.text}, "logprobs": None,
+            ch = {"index": 0, "message": {"role": "assistant", "content": r.text}, "logprobs": self.logprobs(r.logprobs),
                   "finish_reason": r.finish_reason}
         else:
-            ch = self.choice(r.text, r.finish_reason)
+            ch = self.choice(r.text, r.finish_reason, records=r.logprobs)
         obj = "chat.completion" if self.chat else "text_completion"
         return {**self._head(obj), "choices": [ch], "usage": self.usage()}
 
-    def stream(self, endpoint: str, first: str | None, abort: asyncio.Event):
+    def stream(self, endpoint: str, first: Piece | None, abort: asyncio.Event):
         from fastapi.responses import StreamingResponse
 
         head = self._head("chat.completion.chunk" if self.chat else "text_completion")
@@ -214,7 +244,7 @@ class Reply:
                     yield event({**head, "choices": [self.choice(None, None, True)]})
                 piece = first
                 while piece is not None:
-                    yield event({**head, "choices": [self.choice(piece, None)]})
+                    yield event({**head, "choices": [self.choice(piece.text, None, records=piece.logprobs)]})
                     piece = await res.pieces.get()
                 if res.error:  # after the first token the status is sent: an error event says it
                     yield event(error_body(res.error, res.error_type, None, res.error_code))

@@ -4,15 +4,17 @@ Honoured: ``model`` (must be the served model name), ``prompt`` (a string, one s
 list, or token ids) / ``messages`` (roles and text content), ``max_tokens`` /
 ``max_completion_tokens`` (default: the daemon's ``--max-tokens``, else until EOS or the
 context limit), ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop`` (up to 4 strings),
-``stream``, ``stream_options.include_usage``, ``n`` = 1, and fields without effect on the output
-(``user``, ``metadata``, ``store``, ``service_tier``).
+``stream``, ``stream_options.include_usage``, ``n`` = 1, log-probabilities (completions
+``logprobs`` 0..5; chat ``logprobs: true`` with ``top_logprobs`` 0..20, which needs
+``logprobs: true``; exact: the target's, computed by the cloud, ``rapid.runtime.openai_logprobs``),
+and fields without effect on the output (``user``, ``metadata``, ``store``, ``service_tier``).
 
 Refused with 400 naming the parameter (never silently ignored): ``n`` > 1, ``best_of`` > 1,
-non-zero ``presence_penalty`` / ``frequency_penalty``, a non-empty ``logit_bias``, ``logprobs`` /
-``top_logprobs``, ``echo``, ``suffix``, ``tools`` / ``tool_choice`` / ``functions`` /
+non-zero ``presence_penalty`` / ``frequency_penalty``, a non-empty ``logit_bias``, ``echo``,
+``suffix``, ``tools`` / ``tool_choice`` / ``functions`` /
 ``function_call``, a ``response_format`` other than text, and any field not listed here. The
-penalties and biases change the target's picks, and log-probabilities would need the cloud to
-send the target's scores: they are not implemented yet, so asking for them is an error.
+penalties and biases change the target's picks (they would have to be applied on the cloud):
+they are not implemented, so asking for them is an error.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class _Body(BaseModel):
 
 class CompletionBody(_Body):
     prompt: str | list[str] | list[int]
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=5)  # OpenAI's legacy limit
     echo: bool | None = None
     suffix: str | None = None
 
@@ -102,7 +104,7 @@ class ChatBody(_Body):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)  # OpenAI's limit (= rapid.wire.MAX_TOP_LOGPROBS)
     response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
@@ -117,8 +119,6 @@ _UNSUPPORTED = {  # parameter → (is it set to something we would have to honou
     "presence_penalty": (lambda v: bool(v), "presence_penalty is not supported (it would change the target's picks)"),
     "frequency_penalty": (lambda v: bool(v), "frequency_penalty is not supported (it would change the target's picks)"),
     "logit_bias": (lambda v: bool(v), "logit_bias is not supported (it would change the target's picks)"),
-    "logprobs": (lambda v: bool(v), "logprobs are not supported yet"),
-    "top_logprobs": (lambda v: bool(v), "top_logprobs are not supported yet"),
     "echo": (lambda v: bool(v), "echo is not supported"),
     "suffix": (lambda v: bool(v), "suffix (insertion) is not supported"),
     "tools": (lambda v: bool(v), "tool calling is not supported"),
@@ -148,6 +148,8 @@ def parse_body(raw: Any, chat: bool, served_model: str) -> CompletionBody | Chat
             raise ApiError(400, f"unrecognized request argument: {param}", param) from None
         raise ApiError(400, f"{param}: {err['msg']}", param) from None
     _refuse_unsupported(body)
+    if isinstance(body, ChatBody) and body.top_logprobs is not None and not body.logprobs:
+        raise ApiError(400, "top_logprobs requires logprobs: true", "top_logprobs")
     if body.model is not None and body.model != served_model:
         raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {served_model!r}",
                        "model", code="model_not_found")
@@ -177,3 +179,11 @@ def max_tokens_of(body: _Body, defaults: RequestDefaults) -> int | None:
     until EOS or the context limit."""
     explicit = getattr(body, "max_completion_tokens", None) or body.max_tokens
     return explicit if explicit is not None else defaults.max_tokens
+
+
+def logprobs_of(body: _Body) -> int:
+    """-1: no log-probabilities; k >= 0: each token's and its top k (completions ``logprobs``;
+    chat ``top_logprobs`` when ``logprobs`` is true, else 0)."""
+    if isinstance(body, ChatBody):
+        return (body.top_logprobs or 0) if body.logprobs else -1
+    return -1 if getattr(body, "logprobs", None) is None else body.logprobs

@@ -245,6 +245,7 @@ class VerifierServer:
                     self._evict(e.owner, self._error("no_session", f"session {e.sid} was resumed on another connection"),
                                 "moved")
                 self.sessions.attach(e.sid, ws)
+                e.session.logprobs = h.logprobs
                 self.stats["resumed"] += 1
                 self.metrics.sessions.labels("resumed").inc()
                 self._refresh_gauges()
@@ -257,7 +258,7 @@ class VerifierServer:
         try:
             session = await self._run(
                 lambda: TargetSession(self.model, h.prompt, params, self.limits.max_context, max_nodes,
-                                      self.verify_mode))
+                                      self.verify_mode, h.logprobs))
         except (ValueError, RapidError) as e:
             code = "context" if isinstance(e, PromptTooLongError) else "bad_hello"
             return self._error(code, str(e)), sid
@@ -294,8 +295,9 @@ class VerifierServer:
             except Exception as e:  # a crash in one session's verification stays in that session
                 log.exception("verification failed")
                 return self._error("internal", f"verification failed: {type(e).__name__}", t.round)
+            scores = session.last_scores  # the scores of this verdict (one tree of a session at a time)
             frame = VerdictFrame(t.round, list(verdict.path), verdict.bonus, len(session.tokens),
-                                 time.perf_counter() - t0)
+                                 time.perf_counter() - t0, scores.logprobs, scores.top_ids, scores.top_logprobs)
             entry.remember(t.round, t.tokens, t.parents, frame)  # before any send: survives a drop
             self.stats["rounds"] += 1
             self.metrics.verdict(len(t.tokens), len(verdict.path), time.perf_counter() - t0)

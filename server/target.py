@@ -9,7 +9,9 @@ committed token is the tree root and is fed with every tree. A tree of N nodes h
 computed as its root-to-leaf chains (``rapid.server.chains``: each chain a causal batch row over
 the session's KV, so every row is bitwise the one-token step of its prefix). Then ``pick`` every
 row, ``accept`` (``rapid.acceptance``), ``commit`` the KV of the root and the accepted path, and
-append path tokens + bonus. An empty tree is one step of plain autoregressive decoding, which is
+append path tokens + bonus. With ``logprobs`` k >= 0 the session also scores every emitted
+token (``rapid.server.scores``: its log-probability and top k, from the very row that picked it)
+into ``last_scores``, read with the verdict. An empty tree is one step of plain autoregressive decoding, which is
 what ``reference_decode`` (the target alone) runs.
 
 That equality also needs M-invariant GEMMs, which ``rapid.server.invariance`` measures on the
@@ -41,6 +43,7 @@ from rapid.modeling import Decoder
 from rapid.sampling import SamplingParams, pick_tokens
 from rapid.server.chains import ChainJob, ChainResult, forward_chains, leaf_chains
 from rapid.server.chains import commit as chains_commit
+from rapid.server.scores import Scores, score_verdict
 
 
 class BadTreeError(RapidError):
@@ -72,7 +75,7 @@ class TargetSession:
     """One edge's sequence on the target model."""
 
     def __init__(self, model: Decoder, prompt: Sequence[int], params: SamplingParams,
-                 capacity: int = 4096, max_nodes: int = 256, mode: str = "tree") -> None:
+                 capacity: int = 4096, max_nodes: int = 256, mode: str = "tree", logprobs: int = -1) -> None:
         if mode not in VERIFY_MODES:
             raise ValueError(f"verify mode {mode!r} is not one of {VERIFY_MODES}")
         if not prompt:
@@ -86,6 +89,9 @@ class TargetSession:
         self.mode = mode
         self.min_rows = min_rows(model)
         self.params = params
+        self.logprobs = logprobs  # -1: no scores; k >= 0: score emitted tokens with their top k
+        self.last_scores = Scores()  # the scores of the last committed verdict (empty when not asked)
+        self._decided = Scores()
         self.max_nodes = max_nodes
         self.device = model.embed_tokens.weight.device  # the target may live on a GPU
         self.kv = StaticKV.for_config(model.config, capacity, model.dtype, self.device)
@@ -125,11 +131,14 @@ class TargetSession:
                parents: Sequence[int]) -> Verdict:
         """The acceptance rule on this tree's logits ``[1+N, V]``; changes nothing."""
         picks = pick_tokens(logits, np.asarray(pos) + 1, self.params)
-        return accept(tokens, parents, picks.tolist())
+        verdict = accept(tokens, parents, picks.tolist())
+        self._decided = score_verdict(logits, verdict, tokens, self.logprobs) if self.logprobs >= 0 else Scores()
+        return verdict
 
     def commit(self, result: ChainResult, verdict: Verdict, tokens: Sequence[int]) -> None:
         """Keep the KV of the root and the accepted path; append path tokens + bonus."""
         chains_commit(result, self.kv, [0, *(1 + j for j in verdict.path)])
+        self.last_scores, self._decided = self._decided, Scores()
         self.tokens.extend(tokens[j] for j in verdict.path)
         self.tokens.append(verdict.bonus)
 
@@ -154,10 +163,13 @@ class TargetSession:
         holding the pick, stop at the first level without one; the last pick is the bonus."""
         path: list[int] = []
         node = ROOT
+        scores = Scores()
         while True:
             step = self.verify([], [])  # one target-alone step: appends the target's pick
+            scores.extend(self.last_scores)
             child = next((j for j in range(len(tokens)) if parents[j] == node and tokens[j] == step.bonus), None)
             if child is None:  # the pick already appended is the bonus; the path is committed
+                self.last_scores = scores
                 return Verdict(tuple(path), step.bonus)
             path.append(child)
             node = child
@@ -166,10 +178,20 @@ class TargetSession:
 def reference_decode(model: Decoder, prompt: Sequence[int], max_new: int, params: SamplingParams,
                      stop_ids: Sequence[int] = (), capacity: int = 4096) -> list[int]:
     """Target-only decoding: one token per forward, the same picks (the exactness reference)."""
-    session = TargetSession(model, prompt, params, capacity=capacity)
+    return reference_scored(model, prompt, max_new, params, stop_ids, capacity)[0]
+
+
+def reference_scored(model: Decoder, prompt: Sequence[int], max_new: int, params: SamplingParams,
+                     stop_ids: Sequence[int] = (), capacity: int = 4096, logprobs: int = -1) -> tuple[list[int], Scores]:
+    """``reference_decode`` that also scores each token (its log-probability and top ``logprobs``)."""
+    session = TargetSession(model, prompt, params, capacity=capacity, logprobs=logprobs)
     out: list[int] = []
+    scores = Scores()
     while True:
         out.append(session.verify([], []).bonus)
+        scores.extend(session.last_scores)
         out, done = finish(out, max_new, stop_ids)
         if done:
-            return out
+            k = max(logprobs, 0)
+            return out, Scores(scores.logprobs[:len(out)], scores.top_ids[:k * len(out)],
+                               scores.top_logprobs[:k * len(out)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import msgpack
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -31,6 +32,7 @@ i32_lists = st.lists(i32, max_size=40)
 i64 = st.integers(-(2**63), 2**63 - 1)
 finite = st.floats(allow_nan=False, allow_infinity=False)
 text = st.text(max_size=30)
+f32 = st.floats(max_value=0.0, width=32, allow_nan=False)  # log-probabilities, -inf included
 
 frames = st.one_of(
     st.builds(Hello, prompt=i32_lists, temperature=finite, top_p=finite, top_k=i64,
@@ -38,6 +40,12 @@ frames = st.one_of(
     st.builds(Ready, session=text, vocab_size=i64, capacity=i64, max_nodes=i64, committed=i64),
     st.builds(Tree, round=i64, tokens=i32_lists, parents=i32_lists),
     st.builds(VerdictFrame, round=i64, path=i32_lists, bonus=i64, committed=i64, verify_s=finite),
+    st.integers(0, 6).flatmap(lambda k: st.lists(i32, max_size=10).flatmap(lambda path: st.builds(
+        VerdictFrame, round=i64, path=st.just(path), bonus=i64, committed=i64,
+        logprobs=st.lists(f32, min_size=len(path) + 1, max_size=len(path) + 1),
+        top_ids=st.just([7] * (k * (len(path) + 1))),
+        top_logprobs=st.lists(f32, min_size=k * (len(path) + 1), max_size=k * (len(path) + 1))))),
+    st.builds(Hello, prompt=i32_lists, logprobs=st.integers(-1, wire.MAX_TOP_LOGPROBS)),
     st.builds(ErrorFrame, code=text, reason=text, round=st.none() | i64),
     st.just(Bye()),
 )
@@ -234,7 +242,7 @@ def test_non_finite_floats(field, value):
     assert code_of(pack({**GOOD["verdict"], "verify_s": value})) == "bad_value"
 
 
-@pytest.mark.parametrize("v", [0, 2, PROTOCOL_VERSION + 1, -1])
+@pytest.mark.parametrize("v", [0, 1, PROTOCOL_VERSION + 1, -1])
 def test_bad_version(v):
     assert code_of(pack({**GOOD["hello"], "v": v})) == "bad_version"
     assert code_of(encode(Hello(prompt=[1], v=v))) == "bad_version"
@@ -293,3 +301,72 @@ def test_encode_never_produces_a_frame_decode_rejects():
     # ... any other over-long string is refused at encode time, never sent undecodable
     with pytest.raises(WireError):
         encode(Ready("s" * 70_000, 10, 10, 10, 1))
+
+
+# ---------------------------------------------------------------- log-probabilities (protocol v2)
+
+
+def floats(values) -> bytes:
+    return np.asarray(values, dtype="<f4").tobytes()
+
+
+def test_logprobs_travel_as_float32_bytes():
+    frame = VerdictFrame(1, [0, 2], 9, 5, logprobs=[-0.5, -1.25, -math.inf], top_ids=[9, 3, 4, 5, 6, 7],
+                         top_logprobs=[-0.1, -0.2, -0.3, -0.4, -0.5, -0.6])
+    body = msgpack.unpackb(encode(frame), raw=False)
+    assert body["logprobs"] == floats([-0.5, -1.25, -math.inf]) and body["top_ids"] == ints([9, 3, 4, 5, 6, 7])
+    back = decode(encode(frame))
+    assert back.logprobs == [-0.5, -1.25, -math.inf]
+    assert back.top_logprobs == np.asarray(frame.top_logprobs, dtype=np.float32).tolist()  # float32 on the wire
+
+
+@pytest.mark.parametrize("logprobs,top_ids,top_lp", [
+    ([-1.0], [], []),  # path [0] + bonus = 2 emitted tokens, 1 log-probability
+    ([-1.0, -2.0, -3.0], [], []),
+    ([-1.0, -2.0], [1, 2, 3], [-1.0, -2.0, -3.0]),  # 3 alternatives for 2 tokens
+    ([-1.0, -2.0], [1, 2], [-1.0]),
+    ([], [1, 2], [-1.0, -2.0]),
+])
+def test_verdict_logprob_lengths_must_match_the_emitted_tokens(logprobs, top_ids, top_lp):
+    body = {**GOOD["verdict"], "logprobs": floats(logprobs), "top_ids": ints(top_ids), "top_logprobs": floats(top_lp)}
+    assert code_of(pack(body)) == "bad_value"
+    with pytest.raises(WireError):
+        encode(VerdictFrame(1, [0], 4, 5, logprobs=logprobs, top_ids=top_ids, top_logprobs=top_lp))
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_verdict_logprobs_refuse_nan_and_plus_inf(bad):
+    body = {**GOOD["verdict"], "logprobs": floats([-1.0, bad])}
+    assert code_of(pack(body)) == "bad_value"
+    with pytest.raises(WireError):
+        encode(VerdictFrame(1, [0], 4, 5, logprobs=[-1.0, bad]))
+
+
+@pytest.mark.parametrize("value", [b"\x00" * 3, [1.0, 2.0], -1.0])
+def test_verdict_logprobs_must_be_float32_bytes(value):
+    assert code_of(pack({**GOOD["verdict"], "logprobs": value})) == "bad_frame"
+
+
+@pytest.mark.parametrize("k", [-2, wire.MAX_TOP_LOGPROBS + 1, 1000])
+def test_hello_logprobs_range(k):
+    assert code_of(pack({**GOOD["hello"], "logprobs": k})) == "bad_value"
+    with pytest.raises(WireError):
+        encode(Hello([1], logprobs=k))
+    assert code_of(pack({**GOOD["hello"], "logprobs": 1.0})) == "bad_frame"
+    assert code_of(pack({**GOOD["hello"], "logprobs": floats([1.0])})) == "bad_frame"
+
+
+def test_a_version_mismatch_is_named_before_unknown_fields():
+    """A peer of another version sends fields this side does not know: the error says versions."""
+    with pytest.raises(WireError) as e:
+        decode(pack({**GOOD["hello"], "v": 3, "new_field": 1}))
+    assert e.value.code == "bad_version" and "version 3" in e.value.reason and "\n" not in e.value.reason
+
+
+def test_the_arrays_of_one_verdict_together_fit_the_protocol_limit():
+    n = wire.MAX_ARRAY // 2  # four arrays of n values (path n - 1): 2 x MAX_ARRAY values in all
+    big = VerdictFrame(1, [0] * (n - 1), 4, 5, logprobs=[-1.0] * n, top_ids=[1] * n, top_logprobs=[-1.0] * n)
+    assert len(encode(big)) <= MAX_FRAME_BYTES and decode(encode(big)).bonus == 4
+    over = {**GOOD["verdict"], "path": ints([0] * (n - 1)), "logprobs": floats([-1.0] * n),
+            "top_ids": ints([1] * 2 * n), "top_logprobs": floats([-1.0] * 2 * n)}  # 2 alternatives each
+    assert code_of(pack(over)) in {"bad_value", "too_large"}

@@ -24,9 +24,9 @@ TOKEN = "edge-test-token"
 
 
 class Daemon:
-    def __init__(self, service: EdgeService, defaults: RequestDefaults | None = None) -> None:
+    def __init__(self, service: EdgeService, defaults: RequestDefaults | None = None, api_key: str | None = None) -> None:
         self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(create_app(service, defaults), host="127.0.0.1", port=self.port,
+        self.server = uvicorn.Server(uvicorn.Config(create_app(service, defaults, api_key), host="127.0.0.1", port=self.port,
                                                     log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()

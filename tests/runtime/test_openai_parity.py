@@ -20,11 +20,10 @@ from rapid.sampling import SamplingParams  # noqa: E402
 
 REFUSED_COMPLETION = [
     ("presence_penalty", {"presence_penalty": 0.5}), ("frequency_penalty", {"frequency_penalty": 0.5}),
-    ("logit_bias", {"logit_bias": {"5": 3.0}}), ("logprobs", {"logprobs": 2}), ("echo", {"echo": True}),
+    ("logit_bias", {"logit_bias": {"5": 3.0}}), ("echo", {"echo": True}),
     ("suffix", {"suffix": "tail"}), ("n", {"n": 2}), ("best_of", {"best_of": 3}),
 ]
 REFUSED_CHAT = [
-    ("logprobs", {"logprobs": True}), ("top_logprobs", {"top_logprobs": 2}),
     ("tools", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}),
     ("response_format", {"response_format": {"type": "json_object"}}), ("n", {"n": 3}),
     ("frequency_penalty", {"frequency_penalty": -1.0}),
