@@ -26,6 +26,7 @@ from rapid.runtime.coordinator import CoordinatorConfig
 from rapid.runtime.generate import encode_prompt, generate_text, open_edge_model
 from rapid.runtime.link import CloudLink
 from rapid.runtime.telemetry import Summary
+from rapid.runtime.token_scores import TokenScore
 from rapid.runtime.tree import TreeParams
 from rapid.sampling import SamplingParams
 
@@ -36,6 +37,7 @@ class Completion:
     tokens: list[int]  # the generated token ids
     stopped: bool  # ended on a stop token (else max_tokens)
     summary: Summary  # rounds, acceptance, tok/s
+    scores: list[TokenScore]  # per token: the target's log-probability and top alternatives (logprobs >= 0)
 
 
 class _Pieces:
@@ -70,16 +72,18 @@ class Edge:
         return self.model.tokenizer
 
     def generate(self, prompt: str | list[int], *, max_tokens: int = 64, chat: bool = False,
-                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0) -> Completion:
+                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+                 logprobs: int = -1) -> Completion:
         """Blocking: the whole completion (not from inside a running event loop: use ``agenerate``)."""
         return asyncio.run(self.agenerate(prompt, max_tokens=max_tokens, chat=chat, temperature=temperature,
-                                          top_p=top_p, top_k=top_k, seed=seed))
+                                          top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs))
 
     async def agenerate(self, prompt: str | list[int], *, max_tokens: int = 64, chat: bool = False,
                         temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
-                        _sink=None) -> Completion:
+                        logprobs: int = -1, _sink=None) -> Completion:
         """The whole completion, awaited; ``prompt`` is text (``chat``: wrapped in the chat
-        template) or token ids."""
+        template) or token ids. ``logprobs`` = k >= 0 (at most 20) fills ``Completion.scores``: the
+        target's log-probability of every token (raw logits, exact) and its k most likely tokens."""
         ids = list(prompt) if isinstance(prompt, list) else encode_prompt(self.tokenizer, prompt, chat)
         sampling = SamplingParams(temperature, top_p, top_k, seed)
         loop = asyncio.get_running_loop()
@@ -89,8 +93,8 @@ class Edge:
             link = CloudLink(self.cloud, token=self.token, ssl=self.ssl, tokenizer=self.model.fingerprint)
             gen, text = await generate_text(self.model, self.cloud, ids, policy=self.policy, max_new=max_tokens,
                                             sampling=sampling, tree=self.tree,
-                                            config=CoordinatorConfig(depth=self.tree.depth), stream=_sink, link=link)
-        return Completion(text, gen.tokens, gen.stopped, gen.summary)
+                                            config=CoordinatorConfig(depth=self.tree.depth), stream=_sink, link=link, logprobs=logprobs)
+        return Completion(text, gen.tokens, gen.stopped, gen.summary, gen.scores)
 
     async def stream(self, prompt: str | list[int], **kw) -> AsyncIterator[str]:
         """Text pieces as the cloud commits tokens (same keywords as ``agenerate``)."""

@@ -76,9 +76,11 @@ async def generate_text(edge: EdgeModel, cloud: str, prompt_ids: list[int], *, p
                         max_new: int = 64, sampling: SamplingParams | None = None,
                         tree: TreeParams | None = None, config: CoordinatorConfig | None = None,
                         stream=None, link: CloudLink | None = None,
-                        on_tokens: Callable[[list[int]], None] | None = None) -> tuple[Generation, str]:
+                        on_tokens: Callable[[list[int]], None] | None = None,
+                        logprobs: int = -1) -> tuple[Generation, str]:
     """Run one generation; write streamed text to ``stream`` (a file) if given; ``on_tokens``
-    sees every batch of newly committed token ids."""
+    sees every batch of newly committed token ids; ``logprobs`` >= 0 fills ``Generation.scores``
+    with the target's log-probability of each token and its top ``logprobs`` alternatives."""
     sampling = sampling or SamplingParams()
     tree = tree or TreeParams()
     link = link or CloudLink(cloud, tokenizer=edge.fingerprint)
@@ -96,7 +98,7 @@ async def generate_text(edge: EdgeModel, cloud: str, prompt_ids: list[int], *, p
                 stream.write(piece)
                 stream.flush()
 
-    gen = await coord.generate(prompt_ids, max_new, sampling, on_new)
+    gen = await coord.generate(prompt_ids, max_new, sampling, on_new, logprobs=logprobs)
     tail = detok.flush()
     if tail:
         pieces.append(tail)

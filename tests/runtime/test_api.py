@@ -11,7 +11,7 @@ from rapid.runtime.tree import TreeParams
 from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer
 from rapid.server.background import BackgroundServer
-from rapid.server.target import reference_decode
+from rapid.server.target import reference_decode, reference_scored
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +32,19 @@ def test_generate_is_the_target_alone(cloud_and_edge):
     assert out.tokens == want and out.text == edge.tokenizer.decode(want, skip_special_tokens=True)
     sampled = edge.generate(ids, max_tokens=20, temperature=0.8, top_k=20, seed=3)
     assert sampled.tokens == reference_decode(target, ids, 20, SamplingParams(0.8, 1.0, 20, 3), edge.model.stop_ids)
+
+
+
+def test_logprobs_are_the_target_alones(cloud_and_edge):
+    target, edge = cloud_and_edge
+    ids = list(edge.tokenizer("scored")["input_ids"])
+    out = edge.generate(ids, max_tokens=12, temperature=0.7, top_p=0.9, seed=5, logprobs=3)
+    want, scores = reference_scored(target, ids, 12, SamplingParams(0.7, 0.9, 0, 5), edge.model.stop_ids, logprobs=3)
+    assert out.tokens == want and [s.token for s in out.scores] == want
+    assert [s.logprob for s in out.scores] == scores.logprobs  # float32 values, bitwise
+    assert [i for s in out.scores for i, _ in s.top] == scores.top_ids
+    assert [lp for s in out.scores for _, lp in s.top] == scores.top_logprobs
+    assert edge.generate(ids, max_tokens=4).scores == []  # not asked for: none
 
 
 def test_stream_and_concurrent_calls(cloud_and_edge):
