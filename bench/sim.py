@@ -22,8 +22,8 @@ round's accepted length for that guess).
 The oracle knows the future match string, the hits and the contention: knowing the path, it
 drafts a chain (one token per step, one node per level) of the depth, up to the run that will be
 accepted, that starts the fastest plan over the next positions (``bench.oracle_plan``, replanned
-every round), expands a proactive chain only when it will be kept, and stops it the moment the
-verdict lands. A step feeding T tokens costs ``Calibration.step_scale(T)`` tree steps (linear in
+every round), and expands a proactive chain only when it will be kept, of the planned length
+(the steps done by the verdict, or one more), stopped at the first step boundary after it. A step feeding T tokens costs ``Calibration.step_scale(T)`` tree steps (linear in
 T as traced on this CPU, or a preset's curve: ``bench.presets``).
 """
 
@@ -43,7 +43,7 @@ from rapid.runtime.policies import POLICIES, Policy
 
 ORACLE = "oracle"
 ORACLE_LOAD = "oracle-load"  # knows the future contention but not the acceptance
-ORACLE_HORIZON = 48  # positions planned ahead: within 1.2 % of 96 on three preset cells (docs/bench.md)
+ORACLE_HORIZON = 48  # positions planned ahead: within 0.1 % of 96 on three preset cells (docs/bench.md)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,6 +95,7 @@ class _Edge:
         self.t0 = 0.0
         self.startup = cal.startup_s if startup else 0.0
         self.decision = None
+        self.oracle_branch = 0  # the oracle's planned proactive steps for the round in flight
 
     # -- model pieces
     def bit(self, p: int) -> int:
@@ -157,7 +158,9 @@ class _Edge:
         empty = [self.hit(self.pos + j, False) for j in range(h)]
         link = self.prof.rtt_ms / 1000 + self.cal.overhead_s
         wait = [self.cal.verify(float(d)) + link for d in range(maxd + 1)]
-        return plan_depth(runs, after, empty, self.reused, self.mean_step(t) * self.cal.step_scale(1), wait, maxd)
+        depth, self.oracle_branch = plan_depth(runs, after, empty, self.reused,
+                                               self.mean_step(t) * self.cal.step_scale(1), wait, maxd)
+        return depth
 
 
 def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetProfile, tokens: int = 256,
@@ -268,7 +271,7 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
                 elif not e.oracle:
                     want = e.ctrl.next_depth_if(a, max(depth, 1), e.decision.b_hat, True).depth
                 else:
-                    want = e.ctrl.config.max_depth
+                    want = e.oracle_branch  # the planned branch length
                 t, steps, stopped = t_send, 0, None
                 # a tree step feeds tokens_per_step tokens, a chain step one: time = tau · scale(tokens)
                 tps = e.cal.step_tokens

@@ -5,7 +5,7 @@ from rapid.bench.oracle_plan import plan_depth
 
 def _plan(runs, step_s, wait, reused=0, kept=True, empty=False, max_depth=8):
     h = len(runs)
-    return plan_depth(runs, [kept] * (h + max_depth), [empty] * h, reused, step_s, [wait] * (max_depth + 1), max_depth)
+    return plan_depth(runs, [kept] * (h + max_depth), [empty] * h, reused, step_s, [wait] * (max_depth + 1), max_depth)[0]
 
 
 def test_cheap_steps_draft_the_whole_run():
@@ -49,7 +49,7 @@ def test_plan_beats_every_fixed_depth_on_its_own_model():
             j += d + 1
         return t
 
-    planned = walk(lambda j, u: plan_depth(runs[j:60], kept[j:60 + maxd], [False] * (60 - j), u, step, wait, maxd))
+    planned = walk(lambda j, u: plan_depth(runs[j:60], kept[j:60 + maxd], [False] * (60 - j), u, step, wait, maxd)[0])
     for d in range(maxd + 1):
         assert planned <= walk(lambda j, u, d=d: d) + 1e-12
 
