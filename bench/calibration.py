@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rapid.bench.report import read_jsonl
+from rapid.runtime.tree import AUTO_BUDGET_CAP
 
 
 # ---------------------------------------------------------------------------------------------
@@ -26,6 +27,8 @@ class Calibration:
     verify_a: float = 0.05  # verify seconds = verify_a + verify_b * nodes (batch: total nodes)
     verify_b: float = 0.005
     gpu_profile: tuple[list[float], list[float]] | None = None  # (nodes, seconds), interpolated
+    # draft step cost by tokens per step (relative), interpolated; None: linear in tokens (this CPU, fp32)
+    step_curve: tuple[list[float], list[float]] | None = None
     verify_table: tuple[list[float], list[float]] | None = None  # traced medians by node count, interpolated
     overhead_s: float = 0.002  # transport/framing per round, beyond verify and the profile RTT
     startup_s: float = 0.0  # per generation: connect + cloud prefill (wall - sum of rounds)
@@ -59,6 +62,20 @@ class Calibration:
     def step_tokens(self) -> int:
         """Tokens one tree expansion step feeds (the tree's width; at least 1)."""
         return max(1, round(self.tokens_per_step))
+
+    def step_curve_at(self, tokens: float) -> float:
+        """The step curve at ``tokens`` tokens per step (``tokens`` itself without a curve)."""
+        if self.step_curve is None:
+            return float(tokens)
+        return _interp(tokens, *self.step_curve)
+
+    def step_scale(self, tokens: float) -> float:
+        """Time of a draft step feeding ``tokens`` tokens relative to a tree step (``step_s``
+        samples, ``step_tokens`` tokens): curve(tokens) / curve(step_tokens); without a curve
+        tokens / step_tokens (cost linear in tokens, as traced on this CPU in fp32)."""
+        if self.step_curve is None:
+            return tokens / self.step_tokens
+        return self.step_curve_at(tokens) / self.step_curve_at(self.step_tokens)
 
     def nodes(self, depth: int, policy: str | None = None) -> float:
         if depth <= 0:
@@ -124,7 +141,7 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
                 busy_int.append(_sched_intensity(scheds, r.get("schedule")))
             elif r.get("load", 0.0) == 0.0:
                 free.append(s)
-    cal = Calibration(step_s=free or [0.05], depth=int(cfg.get("depth", 4)), budget=int(cfg.get("budget", 8)),
+    cal = Calibration(step_s=free or [0.05], depth=int(cfg.get("depth", 4)), budget=_traced_budget(cfg),
                       tokens_per_step=float(cfg.get("width", 2)))
     if free and busy:
         cal.slowdown = max(1.0, statistics.median(busy) / statistics.median(free))
@@ -277,6 +294,13 @@ def _cut_model(rounds: list[dict]) -> tuple[float, float] | None:
     if cont[0][1] + cont[1][1] < 5:
         return None
     return tuple(c / n if n else 1.0 for c, n in cont)  # type: ignore[return-value]
+
+
+def _traced_budget(cfg: dict) -> int:
+    """The traced ``--budget``: its node count, or for ``auto`` (the tree sized to the cloud's flat
+    verify size) the auto cap; the traced tree sizes (``nodes_by_depth``) take precedence anyway."""
+    b = cfg.get("budget", 8)
+    return AUTO_BUDGET_CAP if b == "auto" else int(b)
 
 
 def _sched_intensity(scheds: dict, name: str | None) -> float:

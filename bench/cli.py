@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from rapid.bench.presets import NET_PROFILES, PRESETS
 from rapid.bench.prompts import default_prompt_dir
 from rapid.bench.report import write_report
 from rapid.bench.runner import BenchConfig, run_bench
@@ -115,8 +116,11 @@ def sim_parser() -> argparse.ArgumentParser:
                                  "rapid bench traces (same policy objects as the runtime)")
     ap.add_argument("--traces", action="append", required=True, help="rapid bench output folder (repeatable)")
     ap.add_argument("--out", help="output folder (default <first traces>/sim)")
+    ap.add_argument("--preset", help="deployment regime(s) from published measurements instead of the traced "
+                    "timing: all or a comma list of " + ", ".join(PRESETS) + " (acceptance still replayed from "
+                    "--traces; --profiles then takes " + ", ".join(NET_PROFILES) + "; docs/bench.md)")
     ap.add_argument("--gpu-profile", help="JSON {\"nodes\": [...], \"seconds\": [...]}: cloud verify time model")
-    ap.add_argument("--policies", help="comma list (default: the traced ones, plus caac/ipdg)")
+    ap.add_argument("--policies", help="comma list (default: every drafting policy in POLICIES)")
     ap.add_argument("--contention", help="comma list of schedules to simulate (default: the traced ones)")
     ap.add_argument("--profiles", help="comma list of network profiles (default: the traced ones)")
     ap.add_argument("--tokens", type=int, default=256, help="tokens per simulated generation")

@@ -21,8 +21,10 @@ round's accepted length for that guess).
 
 The oracle knows the future match string, the hits and the contention: knowing the path, it
 drafts a chain (one token per step, one node per level) of the depth, up to the run that will be
-accepted, with the best tokens per second for the round (or nothing), expands a proactive chain
-only when it will be kept, and stops it the moment the verdict lands.
+accepted, that starts the fastest plan over the next positions (``bench.oracle_plan``, replanned
+every round), and expands a proactive chain only when it will be kept, of the planned length
+(the steps done by the verdict, or one more), stopped at the first step boundary after it. A step feeding T tokens costs ``Calibration.step_scale(T)`` tree steps (linear in
+T as traced on this CPU, or a preset's curve: ``bench.presets``).
 """
 
 from __future__ import annotations
@@ -35,11 +37,13 @@ from dataclasses import dataclass, field
 from rapid.bench.calibration import Calibration
 from rapid.bench.contention import Schedule
 from rapid.bench.netem import NetProfile
+from rapid.bench.oracle_plan import plan_depth
 from rapid.runtime.coordinator import CoordinatorConfig, controller_for
 from rapid.runtime.policies import POLICIES, Policy
 
 ORACLE = "oracle"
 ORACLE_LOAD = "oracle-load"  # knows the future contention but not the acceptance
+ORACLE_HORIZON = 48  # positions planned ahead: within 0.1 % of 96 on three preset cells (docs/bench.md)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -91,6 +95,7 @@ class _Edge:
         self.t0 = 0.0
         self.startup = cal.startup_s if startup else 0.0
         self.decision = None
+        self.oracle_branch = 0  # the oracle's planned proactive steps for the round in flight
 
     # -- model pieces
     def bit(self, p: int) -> int:
@@ -143,18 +148,19 @@ class _Edge:
         return max(range(1, max(1, maxd) + 1), key=rate)
 
     def oracle_depth(self, t: float) -> int:
-        """The depth d in 0..r (r = the future accepted run) with the best tokens per second
-        for this round: (d + 1) / ((d - reused)·step₁ + verify(d) + RTT). Knowing the path, it
-        drafts a chain: one token per step (step₁ = tau) and d nodes."""
+        """The first depth of the fastest plan over the next ``ORACLE_HORIZON`` positions
+        (``rapid.bench.oracle_plan``): knowing the path it drafts a chain (one token per step,
+        d nodes, d ≤ the run that will be accepted) and knows which branches will be kept."""
         maxd = self.ctrl.config.max_depth
-        r = self.run_len(self.pos, min(maxd, self.target - self.pos))
-        s = self.mean_step(t) / self.cal.step_tokens
-        rtt = self.prof.rtt_ms / 1000 + self.cal.overhead_s
-
-        def rate(d: int) -> float:
-            return (d + 1) / (max(0, d - self.reused) * s + self.cal.verify(d) + rtt)
-
-        return max(range(r + 1), key=rate)
+        h = min(ORACLE_HORIZON, self.target - self.pos)
+        runs = [self.run_len(self.pos + j, min(maxd, self.target - self.pos - j)) for j in range(h)]
+        after = [self.hit(self.pos + j, True) for j in range(h + maxd)]
+        empty = [self.hit(self.pos + j, False) for j in range(h)]
+        link = self.prof.rtt_ms / 1000 + self.cal.overhead_s
+        wait = [self.cal.verify(float(d)) + link for d in range(maxd + 1)]
+        depth, self.oracle_branch = plan_depth(runs, after, empty, self.reused,
+                                               self.mean_step(t) * self.cal.step_scale(1), wait, maxd)
+        return depth
 
 
 def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetProfile, tokens: int = 256,
@@ -237,7 +243,7 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
             steps = 0
             tps = e.cal.step_tokens
             while steps < planned:
-                d = e.step_time(t) / (tps if e.oracle else 1)  # the oracle drafts a chain
+                d = e.step_time(t) * (e.cal.step_scale(1) if e.oracle else 1.0)  # the oracle drafts a chain
                 t += d
                 steps += 1
                 e.ctrl.observe_step(d, tps)
@@ -265,15 +271,15 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
                 elif not e.oracle:
                     want = e.ctrl.next_depth_if(a, max(depth, 1), e.decision.b_hat, True).depth
                 else:
-                    want = e.ctrl.config.max_depth
+                    want = e.oracle_branch  # the planned branch length
                 t, steps, stopped = t_send, 0, None
-                # a tree step feeds tokens_per_step tokens, a chain step one: time = tau · tokens
+                # a tree step feeds tokens_per_step tokens, a chain step one: time = tau · scale(tokens)
                 tps = e.cal.step_tokens
                 per_step = 1 if pol.chain_branch or e.oracle else tps
                 while steps < want:
                     if pol.interruptible and t >= t_arr:
                         break
-                    d = e.step_time(t) * per_step / tps
+                    d = e.step_time(t) * e.cal.step_scale(per_step)
                     t += d
                     steps += 1
                     e.ctrl.observe_step(d, per_step)

@@ -13,6 +13,7 @@ from rapid.bench.calibration import calibrate, fit_cloud, fit_prompt_set, load_t
 from rapid.bench.contention import Schedule, parse_schedule
 from rapid.bench.netem import get_profile
 from rapid.bench.plots import _plt
+from rapid.bench.preset_report import default_policies, run_presets
 from rapid.bench.report import aggregate
 from rapid.bench.sim import ORACLE, ORACLE_LOAD, sim_tok_s, simulate
 from rapid.runtime.policies import POLICIES
@@ -30,7 +31,7 @@ def run_sim_cli(a) -> int:
     cal = calibrate(rounds, runs, meta, a.gpu_profile)
     traced_pols = sorted({r["policy"] for r in runs})
     pols = [p.strip() for p in a.policies.split(",")] if a.policies else sorted(
-        set(traced_pols) | {"fixed", "npdg", "ipdg", "caac", "rapid"})
+        {p for p in traced_pols if p in POLICIES and POLICIES[p].drafting} | set(default_policies()))
     scheds = [s.strip() for s in a.contention.split(",")] if a.contention else sorted({r["schedule"] for r in runs})
     profs = [p.strip() for p in a.profiles.split(",")] if a.profiles else sorted({r["profile"] for r in runs})
     # every folder's schedules (the first meta alone lacks the others')
@@ -44,6 +45,10 @@ def run_sim_cli(a) -> int:
     sets = sorted({str(r.get("set")) for r in runs})
     cal_of = {st: fit_prompt_set(replace(cal), [r for r in rounds if str(r.get("set")) == st],
                                  [r for r in runs if str(r.get("set")) == st]) for st in sets}
+    if getattr(a, "preset", None):  # the deployment regime: the presets' timing, the traces' acceptance
+        run_presets(a, cal_of, out)
+        print((out / "presets.md").read_text())
+        return 0
     # 1. validation on the settings that were run for real, one traced folder at a time, at its
     #    own tokens per generation: the edge model is pooled over all folders (a folder may lack
     #    uncontended rounds), the cloud's verify curve is the folder's own (the machine's speed
