@@ -13,7 +13,9 @@ Model (one edge; N edges share one cloud in the scale study):
 
 The SAME policy code decides: the policy flags are the ``rapid.runtime.policies.POLICIES``
 objects, and the depth controller is the one ``rapid.runtime.coordinator.Coordinator`` builds
-(``CAAC`` / ``FixedDepth`` of ``rapid.runtime.caac``), fed through ``observe_step`` /
+(``CAAC`` / ``FixedDepth`` of ``rapid.runtime.caac``, ``CostAwareCAAC`` of ``rapid.runtime.cost_caac``),
+fed through ``observe_cloud`` (the verify model at the start-up curve's sizes, as ``Ready``) /
+``observe_step`` / ``observe_verdict`` (verify_s, tree nodes, RTT = arrival - send - verify_s) /
 ``observe_round`` / ``next_depth`` in the coordinator's order: a round's depth is settled when
 the previous verdict lands (at least the levels a kept branch supplied), and the proactive
 branch aims at ``next_depth_if`` the verdict it guesses (the sim, with no tree, takes the
@@ -40,6 +42,9 @@ from rapid.runtime.policies import POLICIES, Policy
 
 ORACLE = "oracle"
 ORACLE_LOAD = "oracle-load"  # knows the future contention but not the acceptance
+# the tree sizes (nodes after the root) of the verify curve the cloud measures at start-up and
+# sends in Ready: T - 1 for server.main.FLAT_PROBE_TOKENS (not imported: the sim is torch-free)
+STARTUP_CURVE_NODES = (0, 3, 7, 15, 31)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -77,6 +82,9 @@ class _Edge:
             for _ in range(4 * self.ctrl.config.n_warmup):
                 self.ctrl.observe_step(wr.choice(cal.step_s), cal.step_tokens)
         self.ctrl.new_request()
+        # Ready: the cloud's start-up verify curve (its verify model) and the session's tree shape
+        self.ctrl.observe_cloud(STARTUP_CURVE_NODES, [cal.verify(n) for n in STARTUP_CURVE_NODES], cal.budget,
+                                cal.step_tokens)
         self.prefill = cal.prefill_s
         self.target = tokens
         self.rng = random.Random(seed * 1_000_003 + idx)
@@ -247,7 +255,7 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
             e.res.draft_steps += steps
             nodes = float(depth) if e.oracle else e.cal.nodes(depth, e.policy.name)
             up = e.prof.sample_rtt_s(e.rng) / 2
-            pending[idx] = {"depth": depth, "t_send": t, "t_start": now}
+            pending[idx] = {"depth": depth, "t_send": t, "t_start": now, "nodes": nodes}
             push(t + up, "arrive", idx, nodes)
             continue
         if kind == "verdict":
@@ -289,8 +297,10 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
                 else:
                     e.res.discarded += steps
                 e.res.draft_steps += steps
+            if depth > 0:  # as the coordinator: the link's share of the wait = arrival - send - verify
+                e.ctrl.observe_verdict(depth, round(p["nodes"]), p["verify_s"], t_arr - t_send - p["verify_s"])
             e.ctrl.observe_round(a, max(depth, 1), t_arr - t_send, e.decision.b_hat)
-            e.decision = e.ctrl.next_depth(pol.proactive)
+            e.decision = e.ctrl.next_depth(pol.proactive, e.reused)
             e.pos += a + 1
             e.res.tokens = min(e.pos, e.target)
             e.res.rounds += 1

@@ -30,7 +30,7 @@ def run_sim_cli(a) -> int:
     cal = calibrate(rounds, runs, meta, a.gpu_profile)
     traced_pols = sorted({r["policy"] for r in runs})
     pols = [p.strip() for p in a.policies.split(",")] if a.policies else sorted(
-        set(traced_pols) | {"fixed", "npdg", "ipdg", "caac", "rapid"})
+        set(traced_pols) | {"fixed", "npdg", "ipdg", "caac", "rapid", "rapid-cost"})
     scheds = [s.strip() for s in a.contention.split(",")] if a.contention else sorted({r["schedule"] for r in runs})
     profs = [p.strip() for p in a.profiles.split(",")] if a.profiles else sorted({r["profile"] for r in runs})
     # every folder's schedules (the first meta alone lacks the others')

@@ -1,0 +1,200 @@
+"""What a round costs and what it yields, as the edge measures them (inputs of the cost-aware depth).
+
+Pure: no clocks, no I/O; the coordinator (or ``rapid sim``) measures and passes plain numbers.
+
+Acceptance per level (``ReachEstimate``). A round that drafted ``D`` levels and had ``a``
+accepted (``0 <= a <= D``) tells, for each level ``d <= min(a + 1, D)``, whether a path that had
+reached level ``d - 1`` went on to level ``d`` (yes for ``d <= a``, no for ``d = a + 1 <= D``).
+With forgetting at ``alpha_reach`` per round (counts ``n_d`` trials, ``s_d`` successes)::
+
+    s_d, n_d <- (1 - alpha_reach) * (s_d, n_d) + this round's events at level d
+    h0  = (S + w * p0) / (N + w)              pooled over every level (S = sum s_d, N = sum n_d)
+    h_d = (s_d + w * h0) / (n_d + w)          level d, shrunk towards the pooled rate
+    P(reach d) = prod_{k <= d} h_k            E[accepted | D] = sum_{d=1..D} P(reach d)
+
+A level never drafted reads the pooled rate (the i.i.d. model ``oracle-load`` uses), a level
+drafted often reads its own: in a token tree the first levels hold the most alternatives, so
+``h_d`` falls with ``d``. Defaults: ``p0 = 0.7`` (the per-token acceptance of the CPU-calibrated
+c4/oasst/mtbench/wikitext/humaneval traces of bench-out/vs-ar-*, 0.66-0.78, rounded), ``w = 2``
+(two pseudo-rounds: a level's own rate dominates after a few rounds), ``alpha_reach = 0.05``
+(about 20 rounds of memory, the length of one 48-token generation at 2-3 tokens per round).
+
+Verify time by tree size (``VerifyCurve``). Start-up points from the cloud's ``Ready`` (one
+tree forward of ``n`` nodes after the root), then every verdict's ``verify_s`` for its tree of
+``n`` nodes::
+
+    V[n] <- V[n] + alpha_verify * (verify_s - V[n])     (a first sample at n: V[n] = verify_s)
+    V(x)  = piecewise linear over the known n; the end segments extended (flat with one point)
+
+``alpha_verify = 0.2``: a verdict's ``verify_s`` includes the acceptance walk and the cloud's
+batching, which the start-up forward does not; 5 verdicts at one size replace the start-up
+point by what the session sees. At most ``MAX_POINTS`` sizes are kept (the tree budget is at
+most 64 nodes: every size fits).
+
+Round-trip time and tree size (``LinkCost``)::
+
+    RTT  <- EMA(arrival - send - verify_s) at alpha_rtt     (the link's part of a round)
+    n(D) <- EMA(tree nodes of a round that drafted D levels) at alpha_rtt; unseen D:
+            n(D) = min(budget, n(D') * D / D') for the nearest seen D', else min(budget, width * D)
+
+``alpha_rtt = 0.3`` as CAAC's ``alpha_cloud`` (RTT jitter smoothed over ~3 rounds).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+__all__ = ["CostConfig", "LinkCost", "ReachEstimate", "VerifyCurve", "interpolate"]
+
+MAX_POINTS = 128  # node counts kept by the verify curve (trees have at most 64 nodes)
+
+
+@dataclass(slots=True, frozen=True)
+class CostConfig:
+    """The constants of the cost model (see the module docstring for the formulas)."""
+
+    p0: float = 0.7  # prior per-level acceptance before any round
+    prior_weight: float = 2.0  # w: pseudo-rounds pulling a level towards the pooled rate
+    alpha_reach: float = 0.05  # forgetting of the per-level counts, per round
+    alpha_verify: float = 0.2  # EMA rate of a verify-curve point from verdicts
+    alpha_rtt: float = 0.3  # EMA rate of the RTT and of the tree size per depth
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"CostConfig.{f.name} must be a finite number, got {v!r}")
+        if not 0 < self.p0 < 1:
+            raise ValueError(f"CostConfig.p0 must be in (0, 1), got {self.p0}")
+        if self.prior_weight <= 0:
+            raise ValueError(f"CostConfig.prior_weight must be > 0, got {self.prior_weight}")
+        for name in ("alpha_reach", "alpha_verify", "alpha_rtt"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"CostConfig.{name} must be in (0, 1], got {getattr(self, name)}")
+
+
+def interpolate(x: float, points: dict[int, float]) -> float | None:
+    """Piecewise linear through ``points`` (key -> value), end segments extended; flat with one
+    point; None without points."""
+    if not points:
+        return None
+    xs = sorted(points)
+    if len(xs) == 1:
+        return points[xs[0]]
+    i = 1
+    while i < len(xs) - 1 and x > xs[i]:
+        i += 1
+    x0, x1 = xs[i - 1], xs[i]
+    y0, y1 = points[x0], points[x1]
+    return y0 + (x - x0) * (y1 - y0) / (x1 - x0)
+
+
+class ReachEstimate:
+    """P(the accepted path reaches level d), from per-level counts; see the module docstring."""
+
+    __slots__ = ("config", "max_depth", "succ", "trials")
+
+    def __init__(self, max_depth: int, config: CostConfig | None = None) -> None:
+        self.config = config or CostConfig()
+        self.max_depth = max_depth
+        self.succ = [0.0] * (max_depth + 1)  # index d = level d (0 unused)
+        self.trials = [0.0] * (max_depth + 1)
+
+    def copy(self) -> ReachEstimate:
+        c = ReachEstimate(self.max_depth, self.config)
+        c.succ, c.trials = list(self.succ), list(self.trials)
+        return c
+
+    def observe(self, accepted: int, depth: int) -> None:
+        """One verified round: ``accepted`` (clamped to ``depth``) of ``depth`` levels."""
+        keep = 1.0 - self.config.alpha_reach
+        self.succ = [s * keep for s in self.succ]
+        self.trials = [n * keep for n in self.trials]
+        depth = min(depth, self.max_depth)
+        a = min(accepted, depth)
+        for d in range(1, min(a + 1, depth) + 1):
+            self.trials[d] += 1.0
+            self.succ[d] += 1.0 if d <= a else 0.0
+
+    def pooled(self) -> float:
+        c = self.config
+        return (sum(self.succ) + c.prior_weight * c.p0) / (sum(self.trials) + c.prior_weight)
+
+    def level_rates(self) -> list[float]:
+        """``[h_1, ..., h_max_depth]``."""
+        w, h0 = self.config.prior_weight, self.pooled()
+        return [(self.succ[d] + w * h0) / (self.trials[d] + w) for d in range(1, self.max_depth + 1)]
+
+    def reach(self) -> list[float]:
+        """``[P(reach 1), ..., P(reach max_depth)]``."""
+        out, p = [], 1.0
+        for h in self.level_rates():
+            p *= h
+            out.append(p)
+        return out
+
+
+class VerifyCurve:
+    """Verify seconds by tree nodes: start-up points, refreshed from verdicts (module docstring)."""
+
+    __slots__ = ("alpha", "points")
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        self.alpha = alpha
+        self.points: dict[int, float] = {}
+
+    def start(self, nodes: list[int], seconds: list[float]) -> None:
+        """Replace the curve by the cloud's start-up measurement (ignores non-finite / negative)."""
+        pts = {int(n): float(s) for n, s in zip(nodes, seconds, strict=True)
+               if n >= 0 and math.isfinite(s) and s > 0}
+        if pts:
+            self.points = dict(sorted(pts.items())[:MAX_POINTS])
+
+    def observe(self, nodes: int, seconds: float) -> None:
+        if nodes < 0 or not math.isfinite(seconds) or seconds <= 0:
+            return
+        old = self.points.get(nodes)
+        if old is None:
+            if len(self.points) >= MAX_POINTS:
+                return
+            self.points[nodes] = seconds
+        else:
+            self.points[nodes] = old + self.alpha * (seconds - old)
+
+    def predict(self, nodes: float) -> float | None:
+        v = interpolate(nodes, self.points)
+        return None if v is None else max(v, 0.0)
+
+
+class LinkCost:
+    """The link's round-trip time and the tree size per depth (module docstring)."""
+
+    __slots__ = ("alpha", "rtt", "nodes", "budget", "width")
+
+    def __init__(self, alpha: float = 0.3) -> None:
+        self.alpha = alpha
+        self.rtt: float | None = None
+        self.nodes: dict[int, float] = {}
+        self.budget = 0  # 0 = not told
+        self.width = 1
+
+    def observe(self, depth: int, nodes: int, rtt_s: float | None) -> None:
+        if rtt_s is not None and math.isfinite(rtt_s):
+            r = max(0.0, rtt_s)
+            self.rtt = r if self.rtt is None else self.rtt + self.alpha * (r - self.rtt)
+        if depth >= 1 and nodes >= 0:
+            old = self.nodes.get(depth)
+            self.nodes[depth] = float(nodes) if old is None else old + self.alpha * (nodes - old)
+
+    def tree_nodes(self, depth: int) -> float:
+        """``n(depth)``: measured, else scaled from the nearest measured depth, else width * depth."""
+        if depth <= 0:
+            return 0.0
+        cap = float(self.budget) if self.budget > 0 else math.inf
+        if depth in self.nodes:
+            return self.nodes[depth]
+        if self.nodes:
+            near = min(self.nodes, key=lambda d: (abs(d - depth), d))
+            return min(cap, self.nodes[near] * depth / near)
+        return min(cap, float(self.width * depth))
