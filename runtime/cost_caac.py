@@ -138,5 +138,5 @@ class CostAwareCAAC(CAAC):
         best = self.cost_depth()
         snap.update({"policy": type(self).__name__, "cost_depth": 0 if best is None else best[0],
                      "rtt_s": self._link.rtt or 0.0, "pooled_acceptance": self._reach.pooled(),
-                     "verify_points": len(self._verify.points)})
+                     "verify_points": len(self._verify.measured)})
         return snap

@@ -19,17 +19,22 @@ c4/oasst/mtbench/wikitext/humaneval traces of bench-out/vs-ar-*, 0.66-0.78, roun
 (two pseudo-rounds: a level's own rate dominates after a few rounds), ``alpha_reach = 0.05``
 (about 20 rounds of memory, the length of one 48-token generation at 2-3 tokens per round).
 
-Verify time by tree size (``VerifyCurve``). Start-up points from the cloud's ``Ready`` (one
-tree forward of ``n`` nodes after the root), then every verdict's ``verify_s`` for its tree of
-``n`` nodes::
+Verify time by tree size (``VerifyCurve``). The start-up curve ``C`` from the cloud's
+``Ready`` (one tree forward of ``n`` nodes after the root) gives the shape; every verdict's
+``verify_s`` for its tree of ``n`` nodes gives the level, per size::
 
-    V[n] <- V[n] + alpha_verify * (verify_s - V[n])     (a first sample at n: V[n] = verify_s)
-    V(x)  = piecewise linear over the known n; the end segments extended (flat with one point)
+    M[n] <- M[n] + alpha_verify * (verify_s - M[n])     (a first sample at n: M[n] = verify_s)
+    V(x) = C(x)                                 no verdict yet
+         = M(x)                                 lo <= x <= hi  (lo, hi = smallest / largest n in M)
+         = M[e] * C(x) / C(e)                   outside, e = the nearer of lo, hi (C's shape, M's level)
+         = M(x)                                 outside, without a start-up curve
+    (C(x), M(x): piecewise linear over their points, the end segments extended, flat with one point)
 
-``alpha_verify = 0.2``: a verdict's ``verify_s`` includes the acceptance walk and the cloud's
-batching, which the start-up forward does not; 5 verdicts at one size replace the start-up
-point by what the session sees. At most ``MAX_POINTS`` sizes are kept (the tree budget is at
-most 64 nodes: every size fits).
+So a verdict's size never reads as a dip in a curve measured by another clock: ``verify_s``
+includes the acceptance walk and the cloud's batching and load, the start-up forward does not,
+and the two can differ by a factor (a tiny test model verifies in 1-2 ms against the 20 ms a
+test cloud reports). ``alpha_verify = 0.2``: about 5 verdicts of memory per size. At most
+``MAX_POINTS`` sizes are kept (trees have at most 64 nodes: every size fits).
 
 Round-trip time and tree size (``LinkCost``)::
 
@@ -136,34 +141,45 @@ class ReachEstimate:
 
 
 class VerifyCurve:
-    """Verify seconds by tree nodes: start-up points, refreshed from verdicts (module docstring)."""
+    """Verify seconds by tree nodes: the start-up curve's shape at the verdicts' level (module docstring)."""
 
-    __slots__ = ("alpha", "points")
+    __slots__ = ("alpha", "startup", "measured")
 
     def __init__(self, alpha: float = 0.2) -> None:
         self.alpha = alpha
-        self.points: dict[int, float] = {}
+        self.startup: dict[int, float] = {}  # C: nodes -> seconds, from Ready
+        self.measured: dict[int, float] = {}  # M: nodes -> EMA of verdicts' verify_s
 
     def start(self, nodes: list[int], seconds: list[float]) -> None:
-        """Replace the curve by the cloud's start-up measurement (ignores non-finite / negative)."""
+        """Replace the start-up curve by the cloud's (ignores negative sizes, non-finite or
+        non-positive times; an empty or wholly invalid curve keeps the old one)."""
         pts = {int(n): float(s) for n, s in zip(nodes, seconds, strict=True)
                if n >= 0 and math.isfinite(s) and s > 0}
         if pts:
-            self.points = dict(sorted(pts.items())[:MAX_POINTS])
+            self.startup = dict(sorted(pts.items())[:MAX_POINTS])
 
     def observe(self, nodes: int, seconds: float) -> None:
         if nodes < 0 or not math.isfinite(seconds) or seconds <= 0:
             return
-        old = self.points.get(nodes)
+        old = self.measured.get(nodes)
         if old is None:
-            if len(self.points) >= MAX_POINTS:
+            if len(self.measured) >= MAX_POINTS:
                 return
-            self.points[nodes] = seconds
+            self.measured[nodes] = seconds
         else:
-            self.points[nodes] = old + self.alpha * (seconds - old)
+            self.measured[nodes] = old + self.alpha * (seconds - old)
 
     def predict(self, nodes: float) -> float | None:
-        v = interpolate(nodes, self.points)
+        """``V(nodes)``, or None while neither curve has a point."""
+        m, c = self.measured, self.startup
+        if not m:
+            v = interpolate(nodes, c)
+        elif min(m) <= nodes <= max(m) or not c:
+            v = interpolate(nodes, m)
+        else:
+            e = min(m) if nodes < min(m) else max(m)
+            ce = interpolate(e, c) or 0.0
+            v = m[e] * (interpolate(nodes, c) or 0.0) / ce if ce > 0 else m[e]
         return None if v is None else max(v, 0.0)
 
 

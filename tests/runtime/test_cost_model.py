@@ -59,20 +59,27 @@ def test_reach_is_a_falling_probability(rounds):
     assert all(b <= a for a, b in zip(p, p[1:], strict=False))
 
 
-def test_verify_curve_starts_from_ready_and_follows_verdicts():
+def test_verify_curve_takes_the_shape_from_ready_and_the_level_from_verdicts():
     v = VerifyCurve(alpha=0.5)
     assert v.predict(4) is None
-    v.start([0, 3, 7], [0.014, 0.015, 0.016])
-    assert v.predict(5) == pytest.approx(0.0155)
-    v.observe(7, 0.020)  # a verdict's verify_s at 7 nodes: EMA at 0.5
-    assert v.points[7] == pytest.approx(0.018)
-    v.observe(5, 0.030)  # a new size: its first sample
-    assert v.predict(5) == pytest.approx(0.030)
+    v.start([0, 3, 7, 15], [0.014, 0.015, 0.016, 0.020])
+    assert v.predict(5) == pytest.approx(0.0155)  # the start-up curve alone
+    v.observe(7, 0.0016)  # the verdicts see a tenth of it (another clock, another model)
+    assert v.predict(15) == pytest.approx(0.0016 * 0.020 / 0.016)  # C's shape at M's level
+    assert v.predict(3) == pytest.approx(0.0016 * 0.015 / 0.016)  # no dip at the measured size
+    v.observe(7, 0.0024)  # EMA at 0.5
+    assert v.measured[7] == pytest.approx(0.002)
+    v.observe(3, 0.0010)
+    assert v.predict(5) == pytest.approx(0.0015)  # between verdict sizes: the verdicts alone
     for bad in (float("nan"), -1.0, 0.0, float("inf")):
         v.observe(3, bad)
-    assert v.points[3] == pytest.approx(0.015)
-    v.start([1], [float("nan")])  # nothing valid: the curve is kept
-    assert 0 in v.points
+    assert v.measured[3] == pytest.approx(0.0010)
+    v.start([1], [float("nan")])  # nothing valid: the start-up curve is kept
+    assert 0 in v.startup
+    w = VerifyCurve()
+    w.observe(2, 0.01)
+    w.observe(6, 0.03)
+    assert w.predict(10) == pytest.approx(0.05)  # no start-up curve: the verdicts' line extended
 
 
 def test_link_cost_rtt_ema_and_tree_size_per_depth():
