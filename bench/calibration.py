@@ -124,7 +124,10 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
                 busy_int.append(_sched_intensity(scheds, r.get("schedule")))
             elif r.get("load", 0.0) == 0.0:
                 free.append(s)
-    cal = Calibration(step_s=free or [0.05], depth=int(cfg.get("depth", 4)), budget=int(cfg.get("budget", 8)),
+    budget = cfg.get("budget", 8)
+    if not isinstance(budget, int):  # "--budget auto": the cloud's flat size, i.e. the largest traced tree
+        budget = max((int(r.get("tree_nodes", 0)) for r in rounds), default=0) or 8
+    cal = Calibration(step_s=free or [0.05], depth=int(cfg.get("depth", 4)), budget=budget,
                       tokens_per_step=float(cfg.get("width", 2)))
     if free and busy:
         cal.slowdown = max(1.0, statistics.median(busy) / statistics.median(free))
