@@ -266,6 +266,7 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
             hit = e.hit(e.pos + a, full)
             end = t_arr
             e.reused = 0
+            kept = None  # whether a proactive branch ran and was kept
             pol = e.policy
             if pol.proactive and pol.drafting and (not e.oracle or hit):
                 if e.load_oracle:
@@ -290,6 +291,7 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
                         break
                 end = max(t_arr, t)
                 e.res.branches += 1
+                kept = hit
                 e.res.interrupts += stopped is not None
                 if hit:
                     e.res.hits += 1
@@ -298,7 +300,8 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
                     e.res.discarded += steps
                 e.res.draft_steps += steps
             if depth > 0:  # as the coordinator: the link's share of the wait = arrival - send - verify
-                e.ctrl.observe_verdict(depth, round(p["nodes"]), p["verify_s"], t_arr - t_send - p["verify_s"])
+                e.ctrl.observe_verdict(depth, round(p["nodes"]), p["verify_s"], t_arr - t_send - p["verify_s"], a,
+                                       kept)
             e.ctrl.observe_round(a, max(depth, 1), t_arr - t_send, e.decision.b_hat)
             e.decision = e.ctrl.next_depth(pol.proactive, e.reused)
             e.pos += a + 1

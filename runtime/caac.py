@@ -191,7 +191,8 @@ class DepthController(Protocol):
     def observe_cloud(self, curve_nodes: Sequence[int], curve_s: Sequence[float], budget: int,
                       width: int) -> None: ...
 
-    def observe_verdict(self, depth: int, nodes: int, verify_s: float, rtt_s: float | None) -> None: ...
+    def observe_verdict(self, depth: int, nodes: int, verify_s: float, rtt_s: float | None,
+                        accepted: int | None = None, hit: bool | None = None) -> None: ...
 
     def next_depth_if(self, accepted: int, depth: int, b_hat: float | None = None,
                       proactive: bool = True) -> CAACDecision: ...
@@ -332,8 +333,9 @@ class CAAC:
                       width: int) -> None:
         """The cloud's verify curve and the tree shape of a session (used by the cost-aware policy)."""
 
-    def observe_verdict(self, depth: int, nodes: int, verify_s: float, rtt_s: float | None) -> None:
-        """A verdict's tree size, verify time and RTT (used by the cost-aware policy)."""
+    def observe_verdict(self, depth: int, nodes: int, verify_s: float, rtt_s: float | None,
+                        accepted: int | None = None, hit: bool | None = None) -> None:
+        """A verdict's tree size, verify time, RTT and branch outcome (used by the cost-aware policy)."""
 
     def next_depth(self, proactive: bool = False, reused: int = 0) -> CAACDecision:
         """The depth for the next round (does not change state; ``reused``, the levels a kept

@@ -252,7 +252,7 @@ class Coordinator:
             rec.accepted = len(verdict.path)
             if p.drafting:  # the link's share of the wait: arrival - send - verify
                 self.controller.observe_verdict(depth, rec.tree_nodes, verdict.verify_s,
-                                                rec.cloud_s - verdict.verify_s)
+                                                rec.cloud_s - verdict.verify_s, rec.accepted, rec.proactive_hit)
             self.controller.observe_round(len(verdict.path), max(depth, 1), rec.cloud_s, decision.b_hat)
             # settled on the freshest acceptance, knowing the levels the kept branch supplies
             decision = self.controller.next_depth(p.proactive, d.levels)

@@ -3,18 +3,24 @@ expected accepted tokens per second of wall time instead of an acceptance set po
 
 A round of depth ``D`` whose first ``r`` levels came from a kept proactive branch costs, on the
 critical path, the draft steps of levels ``r..D-1``, the link's round trip and the verify of
-its tree; it yields the accepted tokens plus the bonus::
+its tree; it yields the accepted tokens plus the bonus. A proactive policy also drafts the next
+tree's first levels during the wait, which saves that much of the next round when the branch is
+kept, and it is kept far more often after a fully accepted round::
 
     depth* = argmax_{D in [max(min_depth, r), max_depth]}  (1 + sum_{d=1..D} P(reach d))
-                                                           / (draft(D, r) + RTT + V(n(D)))
+                                                  / (draft(D, r) + RTT + V(n(D)) - saved(D))
     draft(D, r) = sum_{l=r..D-1} tau_hat(T_l),   T_0 = 1 (the root step), T_l = width (frontier)
+    saved(D)    = (P(reach D) k_full + (1 - P(reach D)) k_part) * min(RTT + V(n(D)), draft(D, 0))
+                  (proactive policies; 0 otherwise)
     L = clamp(round_half_up(eta * depth*), min_depth, max_depth)       # CAAC's gate, unchanged
 
 ``P(reach d)``, ``V`` (the cloud's verify curve from ``Ready``, refreshed by each verdict's
-``verify_s``), ``n(D)`` and ``RTT`` (verdict arrival - send - verify_s) are the estimates of
-:mod:`rapid.runtime.cost_model`; ``tau_hat(T)`` is the uncontended per-size step baseline of
-:mod:`rapid.runtime.step_cost` (piecewise linear between the sizes seen). The step costs are
-the uncontended ones on purpose: a slowdown reaches the depth only through ``eta``, so the
+``verify_s``), ``n(D)``, ``RTT`` (verdict arrival - send - verify_s) and the kept-branch rates
+``k_full`` / ``k_part`` are the estimates of :mod:`rapid.runtime.cost_model`; ``tau_hat(T)`` is
+the uncontended per-size step baseline of :mod:`rapid.runtime.step_cost` (piecewise linear
+between the sizes seen). ``saved`` charges the next round's saving to the round whose outcome
+earns it (a branch is drafted for the length of the wait, at most one tree). The step costs
+are the uncontended ones on purpose: a slowdown reaches the depth only through ``eta``, so the
 gate keeps its meaning (and its tests) and the cost model is not taught a passing load. Ties
 go to the shallower depth. Until a step, a verify time and an RTT are known (the first round),
 the depth is CAAC's.
@@ -34,7 +40,14 @@ import copy
 from collections.abc import Sequence
 
 from rapid.runtime.caac import CAAC, CAACConfig, CAACDecision, _round_half_up
-from rapid.runtime.cost_model import CostConfig, LinkCost, ReachEstimate, VerifyCurve, interpolate
+from rapid.runtime.cost_model import (
+    BranchYield,
+    CostConfig,
+    LinkCost,
+    ReachEstimate,
+    VerifyCurve,
+    interpolate,
+)
 
 __all__ = ["CostAwareCAAC", "choose_depth", "draft_seconds"]
 
@@ -84,6 +97,7 @@ class CostAwareCAAC(CAAC):
         self._reach = ReachEstimate(self.config.max_depth, self.cost)
         self._verify = VerifyCurve(self.cost.alpha_verify)
         self._link = LinkCost(self.cost.alpha_rtt)
+        self._branch = BranchYield(self.cost.alpha_reach)
 
     # ---- what the cloud and the link report -----------------------------------------------
     def observe_cloud(self, curve_nodes: Sequence[int], curve_s: Sequence[float], budget: int,
@@ -92,11 +106,15 @@ class CostAwareCAAC(CAAC):
         self._verify.start(list(curve_nodes), list(curve_s))
         self._link.budget, self._link.width = max(0, int(budget)), max(1, int(width))
 
-    def observe_verdict(self, depth: int, nodes: int, verify_s: float, rtt_s: float | None) -> None:
-        """A verdict for a tree of ``depth`` levels and ``nodes`` nodes: its ``verify_s`` and the
-        link's share of the wait (arrival - send - verify_s)."""
+    def observe_verdict(self, depth: int, nodes: int, verify_s: float, rtt_s: float | None,
+                        accepted: int | None = None, hit: bool | None = None) -> None:
+        """A verdict for a tree of ``depth`` levels and ``nodes`` nodes: its ``verify_s``, the
+        link's share of the wait (arrival - send - verify_s) and, when a proactive branch ran,
+        whether it was kept (``hit``) after ``accepted`` of ``depth`` levels."""
         self._verify.observe(int(nodes), float(verify_s))
         self._link.observe(int(depth), int(nodes), rtt_s)
+        if hit is not None and accepted is not None:
+            self._branch.observe(accepted >= depth, bool(hit))
 
     def observe_round(self, accepted: int, depth: int, cloud_seconds: float | None = None,
                       b_hat: float | None = None) -> None:
@@ -106,19 +124,26 @@ class CostAwareCAAC(CAAC):
             self._reach.observe(int(accepted), int(depth))
 
     # ---- the decision --------------------------------------------------------------------
-    def cost_depth(self, reused: int = 0) -> tuple[int, list[float]] | None:
+    def cost_depth(self, reused: int = 0, proactive: bool = False) -> tuple[int, list[float]] | None:
         """(depth*, rate by depth) from the current estimates; None while a cost is unknown."""
         c, link = self.config, self._link
-        steps = draft_seconds(self._phys.baseline.classes(), link.width, c.max_depth, max(0, reused))
+        table = self._phys.baseline.classes()
+        steps = draft_seconds(table, link.width, c.max_depth, max(0, reused))
         if steps is None or link.rtt is None or self._verify.predict(1) is None:
             return None
         verify = [0.0] + [self._verify.predict(link.tree_nodes(d)) or 0.0 for d in range(1, c.max_depth + 1)]
+        reach = self._reach.reach()
+        if proactive:  # the critical path less the expected saving of a kept branch (docstring)
+            whole = draft_seconds(table, link.width, c.max_depth, 0) or steps
+            kf, kp = self._branch.rate(True), self._branch.rate(False)
+            steps = [steps[0]] + [steps[d] - (reach[d - 1] * kf + (1 - reach[d - 1]) * kp)
+                                  * min(link.rtt + verify[d], whole[d]) for d in range(1, c.max_depth + 1)]
         lo = min(c.max_depth, max(c.min_depth, reused))
-        return choose_depth(self._reach.reach(), steps, verify, link.rtt, lo)
+        return choose_depth(reach, steps, verify, link.rtt, lo)
 
     def next_depth(self, proactive: bool = False, reused: int = 0) -> CAACDecision:
         """``clamp(round_half_up(eta * depth*))``; CAAC's depth while the costs are unknown."""
-        best = self.cost_depth(reused)
+        best = self.cost_depth(reused, proactive)
         if best is None:
             return super().next_depth(proactive)
         c = self.config
@@ -135,8 +160,9 @@ class CostAwareCAAC(CAAC):
 
     def snapshot(self) -> dict:
         snap = super().snapshot()
-        best = self.cost_depth()
+        best = self.cost_depth(0, True)
         snap.update({"policy": type(self).__name__, "cost_depth": 0 if best is None else best[0],
                      "rtt_s": self._link.rtt or 0.0, "pooled_acceptance": self._reach.pooled(),
-                     "verify_points": len(self._verify.measured)})
+                     "verify_points": len(self._verify.measured),
+                     "kept_after_full": self._branch.rate(True), "kept_after_partial": self._branch.rate(False)})
         return snap
