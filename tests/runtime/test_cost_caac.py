@@ -150,7 +150,7 @@ def test_the_gate_scales_the_choice_under_a_slowdown():
     drive(ctrl, p, s, v, rtt, rounds=3, slow=2.0, seed=1)  # a sustained 2x slowdown
     busy = ctrl.next_depth(True)
     assert busy.eta < 0.8
-    assert busy.b_hat == ctrl.cost_depth()[0]  # the cost model's choice, unchanged by the load
+    assert busy.b_hat == ctrl.cost_depth(0, True)[0]  # the cost model's choice, unchanged by the load
     assert busy.depth == max(1, min(8, int(busy.eta * busy.b_hat + 0.5)))
     assert busy.depth < free.depth
 
@@ -165,3 +165,23 @@ def test_what_if_leaves_the_state_alone_and_kept_levels_bound_the_depth():
     assert ctrl.snapshot() == before
     assert ctrl.next_depth_if(8, 8).depth >= ctrl.next_depth_if(0, 8).depth
     assert ctrl.next_depth(True, reused=7).b_hat >= 7
+
+
+def test_a_kept_branch_is_credited_by_the_rate_it_is_kept_at():
+    """saved(D) = (P(reach D) k_full + (1 - P(reach D)) k_part) * min(RTT + V(n(D)), draft(D, 0))."""
+    ctrl = CostAwareCAAC()
+    ctrl.observe_cloud([0, 31], [0.02, 0.02], 16, 2)  # flat verify, 20 ms
+    for _ in range(20):
+        ctrl.observe_step(0.01, 1)
+        ctrl.observe_step(0.01, 2)
+    ctrl.observe_verdict(4, 8, 0.02, 0.005, accepted=4, hit=True)  # kept after a full round
+    ctrl.observe_verdict(4, 8, 0.02, 0.005, accepted=1, hit=False)  # not kept after a partial one
+    plain = ctrl.cost_depth(0, False)[1]
+    credited = ctrl.cost_depth(0, True)[1]
+    reach = ctrl._reach.reach()
+    for d in range(1, 9):
+        saved = reach[d - 1] * 1.0 * min(0.005 + 0.02, 0.01 * d)
+        gain = 1 + sum(reach[:d])
+        assert credited[d] == pytest.approx(gain / (0.01 * d - saved + 0.02 + 0.005)), d
+        assert credited[d] > plain[d]
+    assert ctrl.snapshot()["kept_after_full"] == 1.0 and ctrl.snapshot()["kept_after_partial"] == 0.0
