@@ -133,8 +133,8 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
     profiles = meta.get("profiles", {})
     scheds = meta.get("schedules", {})
     free, busy, busy_int = [], [], []
-    for r in rounds:
-        if r.get("draft_steps", 0) > 0 and r.get("draft_s", 0) > 0:
+    for r in rounds:  # a first round's steps include the draft prefill, modelled apart (prefill_s)
+        if r.get("draft_steps", 0) > 0 and r.get("draft_s", 0) > 0 and r.get("round", 0) > 0:
             s = r["draft_s"] / r["draft_steps"]
             if r.get("load", 0.0) > 0.5 * _sched_intensity(scheds, r.get("schedule")):
                 busy.append(s)

@@ -43,7 +43,7 @@ def bench_parser() -> argparse.ArgumentParser:
                     help="default-draft-int4 (ONNX int4, built once), an export folder or a model spec")
     ap.add_argument("--dtype", default="auto", help="the target's dtype: auto|bfloat16|float32|float64")
     ap.add_argument("--target", default="default-target")
-    ap.add_argument("--policies", help="comma list (default fixed,npdg,rapid; also ipdg, caac, edgellm, ar)")
+    ap.add_argument("--policies", help="comma list (default fixed,npdg,rapid; also ipdg, caac, rapid-cost, edgellm, ar)")
     ap.add_argument("--prompts", help="folder of prompt-set JSON files or one file "
                     "(default ../shared/data/prompts if present, else built-in prompts)")
     ap.add_argument("--sets", help="comma list of set names (default c4,oasst)")

@@ -38,8 +38,14 @@ def main(argv: list[str] | None = None) -> int:
         pin({int(c) for c in args.cpus.split(",")})
 
     from rapid.server.app import VerifierServer, serve_forever
-    from rapid.server.main import choose_verify_mode, load_target, measured_flat_nodes
+    from rapid.server.main import (
+        choose_verify_mode,
+        load_target,
+        measured_flat_nodes,
+        startup_curve,
+    )
     from rapid.server.sessions import Limits
+    from rapid.server.verify_curve import wire_curve
 
     model, _ = load_target(args.target, args.dtype, args.threads)
     mode = choose_verify_mode(model, args.verify)
@@ -51,8 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         def delay() -> float:
             return prof.sample_rtt_s(rng)
 
+    points = startup_curve(model, mode)
     server = VerifierServer(model, Limits(16, 4096, 64), answer_delay=delay, verify_mode=mode,
-                            flat_nodes=measured_flat_nodes(model, mode))
+                            flat_nodes=measured_flat_nodes(model, mode, points), curve=wire_curve(points))
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -13,7 +13,9 @@ Model (one edge; N edges share one cloud in the scale study):
 
 The SAME policy code decides: the policy flags are the ``rapid.runtime.policies.POLICIES``
 objects, and the depth controller is the one ``rapid.runtime.coordinator.Coordinator`` builds
-(``CAAC`` / ``FixedDepth`` of ``rapid.runtime.caac``), fed through ``observe_step`` /
+(``CAAC`` / ``FixedDepth`` of ``rapid.runtime.caac``, ``CostAwareCAAC`` of ``rapid.runtime.cost_caac``),
+fed through ``observe_cloud`` (the verify model at the start-up curve's sizes, as ``Ready``) /
+``observe_step`` / ``observe_verdict`` (verify_s, tree nodes, RTT = arrival - send - verify_s) /
 ``observe_round`` / ``next_depth`` in the coordinator's order: a round's depth is settled when
 the previous verdict lands (at least the levels a kept branch supplied), and the proactive
 branch aims at ``next_depth_if`` the verdict it guesses (the sim, with no tree, takes the
@@ -44,6 +46,9 @@ from rapid.runtime.policies import POLICIES, Policy
 ORACLE = "oracle"
 ORACLE_LOAD = "oracle-load"  # knows the future contention but not the acceptance
 ORACLE_HORIZON = 48  # positions planned ahead: within 0.1 % of 96 on three preset cells (docs/bench.md)
+# the tree sizes (nodes after the root) of the verify curve the cloud measures at start-up and
+# sends in Ready: T - 1 for server.main.FLAT_PROBE_TOKENS (not imported: the sim is torch-free)
+STARTUP_CURVE_NODES = (0, 3, 7, 15, 31)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,6 +86,11 @@ class _Edge:
             for _ in range(4 * self.ctrl.config.n_warmup):
                 self.ctrl.observe_step(wr.choice(cal.step_s), cal.step_tokens)
         self.ctrl.new_request()
+        # Ready: the cloud's start-up verify curve (its verify model) and the session's tree shape
+        # (the session's budget: the largest traced tree, as --budget auto sized it to the cloud)
+        budget = max((round(v) for v in cal.nodes_by_depth.values()), default=cal.budget)
+        self.ctrl.observe_cloud(STARTUP_CURVE_NODES, [cal.verify(n) for n in STARTUP_CURVE_NODES], budget,
+                                cal.step_tokens)
         self.prefill = cal.prefill_s
         self.target = tokens
         self.rng = random.Random(seed * 1_000_003 + idx)
@@ -253,7 +263,7 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
             e.res.draft_steps += steps
             nodes = float(depth) if e.oracle else e.cal.nodes(depth, e.policy.name)
             up = e.prof.sample_rtt_s(e.rng) / 2
-            pending[idx] = {"depth": depth, "t_send": t, "t_start": now}
+            pending[idx] = {"depth": depth, "t_send": t, "t_start": now, "nodes": nodes}
             push(t + up, "arrive", idx, nodes)
             continue
         if kind == "verdict":
@@ -264,6 +274,7 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
             hit = e.hit(e.pos + a, full)
             end = t_arr
             e.reused = 0
+            kept = None  # whether a proactive branch ran and was kept
             pol = e.policy
             if pol.proactive and pol.drafting and (not e.oracle or hit):
                 if e.load_oracle:
@@ -288,6 +299,7 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
                         break
                 end = max(t_arr, t)
                 e.res.branches += 1
+                kept = hit
                 e.res.interrupts += stopped is not None
                 if hit:
                     e.res.hits += 1
@@ -295,8 +307,11 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
                 else:
                     e.res.discarded += steps
                 e.res.draft_steps += steps
+            if depth > 0:  # as the coordinator: the link's share of the wait = arrival - send - verify
+                e.ctrl.observe_verdict(depth, round(p["nodes"]), p["verify_s"], t_arr - t_send - p["verify_s"], a,
+                                       kept)
             e.ctrl.observe_round(a, max(depth, 1), t_arr - t_send, e.decision.b_hat)
-            e.decision = e.ctrl.next_depth(pol.proactive)
+            e.decision = e.ctrl.next_depth(pol.proactive, e.reused)
             e.pos += a + 1
             e.res.tokens = min(e.pos, e.target)
             e.res.rounds += 1

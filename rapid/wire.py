@@ -7,9 +7,15 @@ committed token), never a dense mask.
     edge → cloud   Hello(v, prompt, sampling, max_nodes, session?, tokenizer, logprobs)  open or resume
                    Tree(round, tokens, parents)                        verify these drafts
                    Bye()
-    cloud → edge   Ready(session, vocab_size, capacity, max_nodes, committed, flat_nodes, tokenizer)
+    cloud → edge   Ready(session, vocab_size, capacity, max_nodes, committed, flat_nodes, tokenizer,
+                         curve_nodes, curve_us)                  the verify curve measured at start-up
                    VerdictFrame(round, path, bonus, committed, verify_s, logprobs, top_ids, top_logprobs)
                    ErrorFrame(code, reason, round?)                    the round / session failed
+
+``curve_nodes`` / ``curve_us`` are the cloud's verify curve (``rapid.server.verify_curve``): one
+tree forward of ``curve_nodes[i]`` nodes after the root took ``curve_us[i]`` microseconds (int32
+arrays like the others: whole microseconds reach 35 min, and a verify is timed to no better than
+that; empty = not measured). The edge's cost-aware depth policy starts from it.
 
 ``tokenizer`` is ``rapid.vocab.fingerprint`` of each side's tokenizer ("" = not known); a side
 that knows both refuses a mismatch (``incompatible``).
@@ -89,7 +95,13 @@ class Ready:
     committed: int
     flat_nodes: int = 0  # tree nodes the cloud verifies at about one step's cost (0 = not measured)
     tokenizer: str = ""  # rapid.vocab.fingerprint of the target's tokenizer ("" = not known)
+    curve_nodes: list[int] = field(default_factory=list)  # verify curve: tree nodes after the root ...
+    curve_us: list[int] = field(default_factory=list)  # ... and the forward's microseconds (same length)
     T = "ready"
+
+    def __post_init__(self) -> None:
+        if len(self.curve_nodes) != len(self.curve_us):
+            raise WireError("bad_frame", "curve_nodes and curve_us must have the same length")
 
 
 @dataclass(slots=True)
@@ -127,7 +139,7 @@ class Bye:
 
 
 FRAMES: dict[str, type] = {c.T: c for c in (Hello, Ready, Tree, VerdictFrame, ErrorFrame, Bye)}
-_ARRAYS = {"prompt", "tokens", "parents", "path", "top_ids"}  # int32 on the wire
+_ARRAYS = {"prompt", "tokens", "parents", "path", "top_ids", "curve_nodes", "curve_us"}  # int32 on the wire
 _FLOATS = {"logprobs", "top_logprobs"}  # float32 on the wire (in a VerdictFrame; an int in a Hello)
 Frame = Hello | Ready | Tree | VerdictFrame | ErrorFrame | Bye
 

@@ -90,6 +90,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Protocol
 
@@ -185,7 +186,13 @@ class DepthController(Protocol):
     def observe_round(self, accepted: int, depth: int, cloud_seconds: float | None = None,
                       b_hat: float | None = None) -> None: ...
 
-    def next_depth(self, proactive: bool = False) -> CAACDecision: ...
+    def next_depth(self, proactive: bool = False, reused: int = 0) -> CAACDecision: ...
+
+    def observe_cloud(self, curve_nodes: Sequence[int], curve_s: Sequence[float], budget: int,
+                      width: int) -> None: ...
+
+    def observe_verdict(self, depth: int, nodes: int, verify_s: float, rtt_s: float | None,
+                        accepted: int | None = None, hit: bool | None = None) -> None: ...
 
     def next_depth_if(self, accepted: int, depth: int, b_hat: float | None = None,
                       proactive: bool = True) -> CAACDecision: ...
@@ -322,8 +329,17 @@ class CAAC:
             return None
         return max(c.min_depth, math.floor(budget + 1e-9))
 
-    def next_depth(self, proactive: bool = False) -> CAACDecision:
-        """The depth for the next round (does not change state)."""
+    def observe_cloud(self, curve_nodes: Sequence[int], curve_s: Sequence[float], budget: int,
+                      width: int) -> None:
+        """The cloud's verify curve and the tree shape of a session (used by the cost-aware policy)."""
+
+    def observe_verdict(self, depth: int, nodes: int, verify_s: float, rtt_s: float | None,
+                        accepted: int | None = None, hit: bool | None = None) -> None:
+        """A verdict's tree size, verify time, RTT and branch outcome (used by the cost-aware policy)."""
+
+    def next_depth(self, proactive: bool = False, reused: int = 0) -> CAACDecision:
+        """The depth for the next round (does not change state; ``reused``, the levels a kept
+        branch supplies, matters only to the cost-aware policy)."""
         c = self.config
         esr, eta = self._gate()
         b_hat = self._b_hat()
@@ -390,6 +406,6 @@ class FixedDepth(CAAC):
         super().__init__(config, initial_depth=depth)
         self.depth = self.base_depth
 
-    def next_depth(self, proactive: bool = False) -> CAACDecision:
+    def next_depth(self, proactive: bool = False, reused: int = 0) -> CAACDecision:
         esr, _ = self._gate()
         return self._decision(self.depth, esr, 1.0, float(self.depth), False)

@@ -38,6 +38,8 @@ from rapid.acceptance import finish
 from rapid.engines.base import DraftEngine
 from rapid.errors import ContextFullError
 from rapid.runtime.caac import CAAC, CAACConfig, CAACDecision, DepthController, FixedDepth
+from rapid.runtime.cost_caac import CostAwareCAAC
+from rapid.runtime.cost_model import CostConfig
 from rapid.runtime.drafter import Drafter
 from rapid.runtime.link import CloudError, CloudLink
 from rapid.runtime.policies import Policy, get_policy
@@ -62,6 +64,7 @@ class CoordinatorConfig:
     depth: int = 4  # fixed depth, and CAAC's initial/base depth
     decay: float = 0.1  # IPDG proactive-root decay (runtime.ipdg)
     caac: CAACConfig = field(default_factory=CAACConfig)
+    cost: CostConfig = field(default_factory=CostConfig)  # the cost-aware policy's estimates
     step_delay_s: float = 0.0  # injected per-step delay (tests, contention experiments)
 
 
@@ -207,6 +210,8 @@ class Coordinator:
             ready = await self.link.open(Hello(list(prompt), sampling.temperature, sampling.top_p, sampling.top_k,
                                                sampling.seed, max_nodes=d.params.budget, logprobs=logprobs))
             max_new = self._check_cloud(ready, prompt, max_new, fit_cloud)
+            self.controller.observe_cloud(ready.curve_nodes, [us / 1e6 for us in ready.curve_us],
+                                          d.params.budget, d.params.width)
             out, records, stopped, scores = await self._rounds(prompt, max_new, on_tokens, on_scores)
         finally:
             try:
@@ -264,8 +269,12 @@ class Coordinator:
             if plan.hit:
                 rec.reused_depth = d.levels
             rec.accepted = len(verdict.path)
+            if p.drafting:  # the link's share of the wait: arrival - send - verify
+                self.controller.observe_verdict(depth, rec.tree_nodes, verdict.verify_s,
+                                                rec.cloud_s - verdict.verify_s, rec.accepted, rec.proactive_hit)
             self.controller.observe_round(len(verdict.path), max(depth, 1), rec.cloud_s, decision.b_hat)
-            decision = self.controller.next_depth(p.proactive)  # settled on the freshest acceptance
+            # settled on the freshest acceptance, knowing the levels the kept branch supplies
+            decision = self.controller.next_depth(p.proactive, d.levels)
             before = len(out)
             out, done = finish(out + plan.emitted, max_new, stop_ids)
             scores = (scores + verdict_scores(verdict, plan.emitted))[:len(out)]
@@ -299,7 +308,10 @@ def assemble(engine: DraftEngine, tree: TreeParams, stop_ids: Sequence[int], lin
 
 
 def controller_for(policy: Policy, config: CoordinatorConfig) -> DepthController:
-    """The depth controller a policy uses: CAAC when it adapts the depth, else FixedDepth."""
+    """The depth controller a policy uses: CostAwareCAAC for a cost-aware policy, CAAC when it
+    adapts the depth, else FixedDepth."""
+    if policy.cost_aware:
+        return CostAwareCAAC(config.caac, initial_depth=config.depth, cost=config.cost)
     if policy.adaptive_depth:
         return CAAC(config.caac, initial_depth=config.depth)
     return FixedDepth(config.depth, config.caac)

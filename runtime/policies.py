@@ -1,15 +1,19 @@
 """Every drafting policy as data: which mechanisms a round uses. All are lossless — they only
 change what is drafted and when, never how the cloud accepts.
 
-| name     | depth          | proactive branch            | interrupted on feedback |
-|----------|----------------|-----------------------------|-------------------------|
-| fixed    | fixed          | no                          | –                       |
-| npdg     | fixed          | yes, to the planned depth   | no  (SpecEdge)          |
-| ipdg     | fixed          | yes                         | yes                     |
-| caac     | CAAC           | no                          | –                       |
-| rapid    | CAAC           | yes                         | yes (the default)       |
-| edgellm  | confidence cut | yes (provisional, chain)    | no  (EdgeLLM-style)     |
-| ar       | 0 (no draft)   | no                          | –   (cloud-only)        |
+| name       | depth            | proactive branch            | interrupted on feedback |
+|------------|------------------|-----------------------------|-------------------------|
+| fixed      | fixed            | no                          | –                       |
+| npdg       | fixed            | yes, to the planned depth   | no  (SpecEdge)          |
+| ipdg       | fixed            | yes                         | yes                     |
+| caac       | CAAC             | no                          | –                       |
+| rapid      | CAAC             | yes                         | yes (the default)       |
+| rapid-cost | tokens/s, η gate | yes                         | yes                     |
+| edgellm    | confidence cut   | yes (provisional, chain)    | no  (EdgeLLM-style)     |
+| ar         | 0 (no draft)     | no                          | –   (cloud-only)        |
+
+``rapid`` is the paper's controller; ``rapid-cost`` keeps its gate and IPDG but picks the depth by
+expected accepted tokens per second of wall time (``rapid.runtime.cost_caac``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ class Policy:
     interruptible: bool = False  # stop the branch at the first step boundary after feedback
     confidence_floor: float | None = None  # EdgeLLM fallback: stop when the best node's q < floor
     chain_branch: bool = False  # proactive branch is a single chain (width 1)
+    cost_aware: bool = False  # the depth maximises expected tokens per second (runtime.cost_caac)
 
 
 POLICIES: dict[str, Policy] = {
@@ -36,6 +41,7 @@ POLICIES: dict[str, Policy] = {
         Policy("ipdg", proactive=True, interruptible=True),
         Policy("caac", adaptive_depth=True),
         Policy("rapid", adaptive_depth=True, proactive=True, interruptible=True),
+        Policy("rapid-cost", adaptive_depth=True, proactive=True, interruptible=True, cost_aware=True),
         Policy("edgellm", proactive=True, confidence_floor=0.35, chain_branch=True),
         Policy("ar", drafting=False),
     )

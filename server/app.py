@@ -74,10 +74,12 @@ class VerifierServer:
     def __init__(self, model: Decoder, limits: Limits | None = None,
                  answer_delay: Callable[[], float] | None = None, *, token: str | None = None,
                  batch_window_ms: float = 0.0, max_batch: int = 1, verify_mode: str = "tree",
-                 flat_nodes: int = 0, tokenizer: str = "") -> None:
+                 flat_nodes: int = 0, tokenizer: str = "",
+                 curve: tuple[list[int], list[int]] = ([], [])) -> None:
         self.model = model
         self.tokenizer = tokenizer  # rapid.vocab.fingerprint of the target's tokenizer ("" = unchecked)
         self.flat_nodes = flat_nodes  # told to edges in Ready (server.verify_curve.flat_nodes)
+        self.curve = (list(curve[0]), list(curve[1]))  # Ready's curve_nodes / curve_us (verify_curve.wire_curve)
         self.verify_mode = verify_mode  # "tree" or "sequential" (rapid.server.target)
         self.answer_delay = answer_delay  # seconds to hold each verdict (transport-delay emulation)
         self.limits = limits or Limits()
@@ -251,7 +253,7 @@ class VerifierServer:
                 self._refresh_gauges()
                 log.info("session %s resumed at %d committed tokens", e.sid, len(e.session.tokens))
                 return Ready(e.sid, self.model.config.vocab_size, e.session.capacity, e.session.max_nodes,
-                             len(e.session.tokens), self.flat_nodes, self.tokenizer), e.sid
+                             len(e.session.tokens), self.flat_nodes, self.tokenizer, *self.curve), e.sid
             kind = "reprefilled"  # the cloud lost it (restart, expiry): prefill the committed tokens
         if not self.sessions.make_room():
             return self._full(), sid
@@ -269,7 +271,7 @@ class VerifierServer:
         self._refresh_gauges()
         log.info("session %s (%s): prompt of %d tokens", sid, kind, len(h.prompt))
         return Ready(sid, self.model.config.vocab_size, session.capacity, max_nodes, len(session.tokens),
-                     self.flat_nodes, self.tokenizer), sid
+                     self.flat_nodes, self.tokenizer, *self.curve), sid
 
     async def _verify(self, entry: Entry, t: Tree):
         t0 = time.perf_counter()

@@ -12,7 +12,14 @@ from rapid.errors import RapidError
 from rapid.server.app import VerifierServer, serve_forever
 from rapid.server.invariance import probe
 from rapid.server.sessions import Limits
-from rapid.server.verify_curve import FLAT_TOLERANCE, curve_line, flat_nodes, measure_curve
+from rapid.server.verify_curve import (
+    FLAT_TOLERANCE,
+    CurvePoint,
+    curve_line,
+    flat_nodes,
+    measure_curve,
+    wire_curve,
+)
 from rapid.vocab import fingerprint
 
 log = logging.getLogger("rapid.server")
@@ -70,15 +77,23 @@ def choose_verify_mode(model, requested: str = "auto") -> str:
     return "sequential"
 
 
-def measured_flat_nodes(model, mode: str) -> int:
-    """Tree nodes verified at about one step's cost (``verify_curve.flat_nodes``), told to edges in
-    Ready so that ``--budget auto`` follows this target; 0 in sequential mode (no tree forward)."""
+def startup_curve(model, mode: str) -> list[CurvePoint]:
+    """The verify curve measured at start-up (``FLAT_PROBE_TOKENS``), told to edges in Ready: the
+    tree budget (``--budget auto``) and the cost-aware depth policy follow it; [] in sequential mode
+    (no tree forward)."""
     if mode != "tree":
-        return 0
+        return []
     points = measure_curve(model, FLAT_PROBE_TOKENS, prefix=64, repeats=3)
-    flat = flat_nodes(points)
-    log.info("verify curve %s: flat (<= %.1fx a step) up to %d tree nodes", curve_line(points), FLAT_TOLERANCE, flat)
-    return flat
+    log.info("verify curve %s: flat (<= %.1fx a step) up to %d tree nodes", curve_line(points), FLAT_TOLERANCE,
+             flat_nodes(points))
+    return points
+
+
+def measured_flat_nodes(model, mode: str, points: list[CurvePoint] | None = None) -> int:
+    """Tree nodes verified at about one step's cost (``verify_curve.flat_nodes``) of ``points`` (default:
+    measured now by ``startup_curve``); 0 without a curve."""
+    points = startup_curve(model, mode) if points is None else points
+    return flat_nodes(points) if points else 0
 
 
 def build_verifier(target: str, limits: Limits, *, threads: int = 1, dtype: str = "auto", device: str = "auto",
@@ -89,9 +104,10 @@ def build_verifier(target: str, limits: Limits, *, threads: int = 1, dtype: str 
     log.info("loading target %s (%s, %d thread(s))", target, dtype, threads)
     model, tokenizer = load_target(target, dtype, threads, device)
     mode = choose_verify_mode(model, verify)
+    points = startup_curve(model, mode)
     return VerifierServer(model, limits, token=token, batch_window_ms=batch_window_ms, max_batch=max_batch,
-                          verify_mode=mode, flat_nodes=measured_flat_nodes(model, mode),
-                          tokenizer=fingerprint(tokenizer))
+                          verify_mode=mode, flat_nodes=measured_flat_nodes(model, mode, points),
+                          tokenizer=fingerprint(tokenizer), curve=wire_curve(points))
 
 
 def run_serve(target: str, host: str, port: int, threads: int = 1, dtype: str = "auto",

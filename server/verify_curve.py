@@ -71,6 +71,11 @@ def flat_nodes(points: Sequence[CurvePoint], tolerance: float = FLAT_TOLERANCE) 
     return max(1, int(best) - 1)
 
 
+def wire_curve(points: Sequence[CurvePoint]) -> tuple[list[int], list[int]]:
+    """The curve as ``Ready`` carries it: (tree nodes after the root = T - 1, whole microseconds)."""
+    return [p.tokens - 1 for p in points], [max(1, round(p.ms * 1000)) for p in points]
+
+
 def curve_line(points: Sequence[CurvePoint]) -> str:
     return ", ".join(f"T={p.tokens} {p.ms:.0f} ms" for p in points)
 

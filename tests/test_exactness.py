@@ -82,6 +82,55 @@ def test_every_policy_matches_target_alone(cloud, tiny_pair, policy, draft, prom
     assert sum(r.emitted for r in gen.records) == len(gen.tokens)
 
 
+@pytest.fixture(scope="module")
+def curve_clouds(tiny_pair):
+    """Clouds that report a verify curve in Ready, so rapid-cost's cost model (not CAAC's fallback)
+    chooses: one flat (a GPU: deep trees pay), one steep (a CPU in fp32: depth 1 pays)."""
+    target, _ = tiny_pair
+    rng = random.Random(1)
+    flat = BackgroundServer(VerifierServer(target, answer_delay=lambda: rng.choice([0.0, 0.004, 0.02]),
+                                           curve=([0, 3, 7, 15, 31], [20000, 20100, 20300, 20700, 21500])))
+    steep = BackgroundServer(VerifierServer(target, curve=([0, 3, 7, 15, 31], [1000, 40000, 90000, 190000, 390000])))
+    yield {"flat": flat, "steep": steep}
+    flat.close()
+    steep.close()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    curve=st.sampled_from(["flat", "steep"]), draft=st.sampled_from(["same", "partial", "unrelated"]),
+    prompt=st.lists(st.integers(0, 255), min_size=1, max_size=24),
+    depth=st.integers(1, 8), budget=st.integers(1, 64), topk=st.integers(1, 4), width=st.integers(1, 4),
+    max_new=st.integers(1, 40), sampling=sampling_st,
+    step_delays=st.lists(st.sampled_from([0.0, 0.0005, 0.002]), max_size=4),
+)
+def test_cost_aware_policy_matches_target_alone_whatever_the_costs(curve_clouds, tiny_pair, curve, draft, prompt,
+                                                                   depth, budget, topk, width, max_new, sampling,
+                                                                   step_delays):
+    target, drafts = tiny_pair
+    expected = reference_decode(target, prompt, max_new, sampling, (EOS_ID,))
+    gen = run_edge(curve_clouds[curve].url, drafts[draft], "rapid-cost", prompt, max_new, sampling,
+                   TreeParams(depth, budget, topk, width), (EOS_ID,), step_delays)
+    assert gen.tokens == expected
+    assert sum(r.emitted for r in gen.records) == len(gen.tokens)
+
+
+def test_cost_aware_policy_uses_the_cloud_curve_and_the_round_trip(curve_clouds, tiny_pair):
+    """Not vacuous: the controller holds Ready's curve, the verdicts' verify times and the RTT, and
+    with the draft equal to the target (every level accepted) and verify ~flat it drafts deep."""
+    target, drafts = tiny_pair
+    prompt = list(b"def f(x):")
+    drafter = Drafter(TorchEngine(drafts["same"], capacity=1024), TreeParams(4, 16, 1, 1), (EOS_ID,))
+    coord = Coordinator(drafter, CloudLink(curve_clouds["flat"].url), POLICIES["rapid-cost"], CoordinatorConfig(depth=4))
+    gen = asyncio.run(coord.generate(prompt, 60, SamplingParams()))
+    assert gen.tokens == reference_decode(target, prompt, 60, SamplingParams(), (EOS_ID,))
+    ctrl = coord.controller
+    assert ctrl._verify.startup == {0: 0.02, 3: 0.0201, 7: 0.0203, 15: 0.0207, 31: 0.0215}
+    assert set(ctrl._verify.measured) == {r.tree_nodes for r in gen.records}
+    assert 0 < ctrl._link.rtt < 1.0
+    assert max(r.depth for r in gen.records) >= 6, [r.depth for r in gen.records]
+
+
 def test_identical_draft_accepts_whole_chains(cloud, tiny_pair):
     target, drafts = tiny_pair
     prompt = list(b"def f(x):")

@@ -38,6 +38,8 @@ frames = st.one_of(
     st.builds(Hello, prompt=i32_lists, temperature=finite, top_p=finite, top_k=i64,
               seed=st.integers(0, 2**64 - 1), max_nodes=i64, session=st.none() | text),
     st.builds(Ready, session=text, vocab_size=i64, capacity=i64, max_nodes=i64, committed=i64),
+    st.lists(st.tuples(i32, i32), max_size=8).map(
+        lambda pts: Ready("s", 259, 64, 8, 1, 7, "", [n for n, _ in pts], [us for _, us in pts])),
     st.builds(Tree, round=i64, tokens=i32_lists, parents=i32_lists),
     st.builds(VerdictFrame, round=i64, path=i32_lists, bonus=i64, committed=i64, verify_s=finite),
     st.integers(0, 6).flatmap(lambda k: st.lists(i32, max_size=10).flatmap(lambda path: st.builds(
@@ -103,6 +105,19 @@ def test_arrays_travel_as_int32_bytes():
     assert body["t"] == "tree"
     assert body["tokens"] == ints([1, -1, 2**31 - 1])
     assert isinstance(body["parents"], bytes) and len(body["parents"]) == 12
+
+
+def test_ready_carries_the_verify_curve_as_int32_arrays():
+    ready = Ready("s", 259, 64, 8, 1, flat_nodes=7, curve_nodes=[0, 3, 7], curve_us=[14000, 14500, 15200])
+    body = msgpack.unpackb(encode(ready), raw=False)
+    assert body["curve_nodes"] == ints([0, 3, 7]) and body["curve_us"] == ints([14000, 14500, 15200])
+    assert decode(encode(ready)) == ready
+    assert decode(pack(GOOD["ready"])).curve_nodes == []  # a cloud that measured nothing
+
+
+def test_ready_curve_arrays_must_pair_up():
+    body = dict(GOOD["ready"], curve_nodes=ints([0, 3]), curve_us=ints([14000]))
+    assert code_of(pack(body)) == "bad_frame"
 
 
 def test_hello_defaults_and_optional_fields():

@@ -3,7 +3,7 @@ import pytest
 from rapid.bench import calibration, sim
 from rapid.bench.contention import parse_schedule
 from rapid.bench.netem import get_profile
-from rapid.runtime import caac, policies
+from rapid.runtime import caac, cost_caac, policies
 
 
 @pytest.fixture
@@ -45,8 +45,30 @@ def test_simulator_uses_the_runtime_objects(cal):
         e = sim._Edge(0, pol, cal, parse_schedule("none"), get_profile("lan"), 16, 0, 0.0, False,
                       sim.CoordinatorConfig(depth=4))
         assert e.policy is policies.POLICIES[name]
-        assert type(e.ctrl) is (caac.CAAC if pol.adaptive_depth else caac.FixedDepth)
+        want = cost_caac.CostAwareCAAC if pol.cost_aware else caac.CAAC if pol.adaptive_depth else caac.FixedDepth
+        assert type(e.ctrl) is want
     assert sim.controller_for.__module__ == "rapid.runtime.coordinator"  # the public API, not a copy
+
+
+def test_cost_aware_policy_gets_the_sims_verify_model_and_rtt(cal):
+    """As the coordinator: Ready's curve is the sim's verify model at the start-up sizes, each
+    verdict brings verify_s, the tree size and the RTT; a longer RTT makes deeper trees pay."""
+    pol = policies.POLICIES["rapid-cost"]
+    e = sim._Edge(0, pol, cal, parse_schedule("none"), get_profile("lan"), 16, 0, 0.0, False,
+                  sim.CoordinatorConfig(depth=4))
+    assert e.ctrl._verify.startup == {n: pytest.approx(cal.verify(n)) for n in sim.STARTUP_CURVE_NODES}
+    from dataclasses import replace
+
+    # a GPU cloud (flat verify) and a 5x faster edge (10 ms steps): the RTT decides
+    gpu = replace(cal, verify_a=0.015, verify_b=0.0002, verify_table=None, step_s=[x / 5 for x in cal.step_s])
+    mean = {}
+    for prof in ("lan", "cellular"):
+        depths = []
+        for seed in range(3):
+            r = sim.simulate(pol, gpu, parse_schedule("none"), get_profile(prof), tokens=256, seed=seed)
+            depths += r["edges"][0].depths[10:]
+        mean[prof] = sum(depths) / len(depths)
+    assert mean["cellular"] > mean["lan"] + 0.5, mean
 
 
 def test_many_edges_share_a_batched_cloud(cal):

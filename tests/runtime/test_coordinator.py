@@ -23,6 +23,7 @@ def test_controller_for_matches_the_policy():
     cfg = CoordinatorConfig(depth=3)
     assert type(controller_for(POLICIES["rapid"], cfg)).__name__ == "CAAC"
     assert type(controller_for(POLICIES["npdg"], cfg)).__name__ == "FixedDepth"
+    assert type(controller_for(POLICIES["rapid-cost"], cfg)).__name__ == "CostAwareCAAC"
     assert controller_for(POLICIES["fixed"], cfg).next_depth().depth == 3
 
 

@@ -12,9 +12,9 @@ from rapid.runtime.coordinator import CoordinatorConfig, assemble
 from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer
 from rapid.server.background import BackgroundServer
-from rapid.server.main import measured_flat_nodes
+from rapid.server.main import measured_flat_nodes, startup_curve
 from rapid.server.target import reference_decode
-from rapid.server.verify_curve import CurvePoint, flat_nodes, measure_curve
+from rapid.server.verify_curve import CurvePoint, flat_nodes, measure_curve, wire_curve
 from rapid.tiny import EOS_ID
 
 
@@ -43,6 +43,16 @@ def test_measure_curve_times_every_size(tiny_pair):
     assert [p.tokens for p in points] == [1, 2, 8] and all(p.ms > 0 for p in points)
     assert measured_flat_nodes(target, "sequential") == 0
     assert 1 <= measured_flat_nodes(target, "tree") <= 31
+
+
+def test_the_start_up_curve_travels_in_ready_as_nodes_and_microseconds(tiny_pair):
+    target, _ = tiny_pair
+    assert wire_curve(curve((1, 14.0), (8, 14.6), (32, 23.0004))) == ([0, 7, 31], [14000, 14600, 23000])
+    assert startup_curve(target, "sequential") == []  # no tree forward, no curve
+    points = startup_curve(target, "tree")
+    assert [p.tokens for p in points] == [1, 4, 8, 16, 32]
+    assert measured_flat_nodes(target, "tree", points) == flat_nodes(points)
+    assert measured_flat_nodes(target, "tree", []) == 0
 
 
 def test_budget_argument():

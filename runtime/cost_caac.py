@@ -1,0 +1,168 @@
+"""The cost-aware depth policy (``rapid-cost``): CAAC's gate and IPDG, with the depth chosen by
+expected accepted tokens per second of wall time instead of an acceptance set point.
+
+A round of depth ``D`` whose first ``r`` levels came from a kept proactive branch costs, on the
+critical path, the draft steps of levels ``r..D-1``, the link's round trip and the verify of
+its tree; it yields the accepted tokens plus the bonus. A proactive policy also drafts the next
+tree's first levels during the wait, which saves that much of the next round when the branch is
+kept, and it is kept far more often after a fully accepted round::
+
+    depth* = argmax_{D in [max(min_depth, r), max_depth]}  (1 + sum_{d=1..D} P(reach d))
+                                                  / (draft(D, r) + RTT + V(n(D)) - saved(D))
+    draft(D, r) = sum_{l=r..D-1} tau_hat(T_l),   T_0 = 1 (the root step), T_l = width (frontier)
+    saved(D)    = (P(reach D) k_full + (1 - P(reach D)) k_part) * min(RTT + V(n(D)), draft(D, 0))
+                  (proactive policies; 0 otherwise)
+    L = clamp(round_half_up(eta * depth*), min_depth, max_depth)       # CAAC's gate, unchanged
+
+``P(reach d)``, ``V`` (the cloud's verify curve from ``Ready``, refreshed by each verdict's
+``verify_s``), ``n(D)``, ``RTT`` (verdict arrival - send - verify_s) and the kept-branch rates
+``k_full`` / ``k_part`` are the estimates of :mod:`rapid.runtime.cost_model`; ``tau_hat(T)`` is
+the uncontended per-size step baseline of :mod:`rapid.runtime.step_cost` (piecewise linear
+between the sizes seen). ``saved`` charges the next round's saving to the round whose outcome
+earns it (a branch is drafted for the length of the wait, at most one tree). The step costs
+are the uncontended ones on purpose: a slowdown reaches the depth only through ``eta``, so the
+gate keeps its meaning (and its tests) and the cost model is not taught a passing load. Ties
+go to the shallower depth. Until a step, a verify time and an RTT are known (the first round),
+the depth is CAAC's.
+
+The proactive branch (IPDG) is unchanged; its target is this rule applied after the verdict it
+guesses (``next_depth_if``). CAAC's proactive time cap is not applied: the cost model already
+charges every draft step on the critical path.
+
+Only the depth is chosen here; the tree budget stays the session's (``--budget``, ``auto`` =
+the cloud's flat size). Choosing it too needs acceptance as a function of the budget, which
+one session observes at a single budget.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+from rapid.runtime.caac import CAAC, CAACConfig, CAACDecision, _round_half_up
+from rapid.runtime.cost_model import (
+    BranchYield,
+    CostConfig,
+    LinkCost,
+    ReachEstimate,
+    VerifyCurve,
+    interpolate,
+)
+
+__all__ = ["CostAwareCAAC", "choose_depth", "draft_seconds"]
+
+
+def choose_depth(reach: Sequence[float], draft_s: Sequence[float], verify_s: Sequence[float], rtt_s: float,
+                 lo: int) -> tuple[int, list[float]]:
+    """``argmax_{D in [lo, len(reach)]} (1 + sum_{d<=D} reach[d-1]) / (draft_s[D] + verify_s[D] + rtt_s)``
+    (ties: the shallower D) and the rate of every D (index D; 0.0 below ``lo``).
+
+    ``reach[d-1]`` = P(the accepted path reaches level d); ``draft_s`` / ``verify_s`` are indexed
+    by D (length ``len(reach) + 1``). A non-positive round time never wins."""
+    hi = len(reach)
+    if not 1 <= lo <= hi or len(draft_s) != hi + 1 or len(verify_s) != hi + 1:
+        raise ValueError(f"need 1 <= lo <= {hi} and cost arrays of length {hi + 1}")
+    rates = [0.0] * (hi + 1)
+    best, best_rate = lo, -1.0
+    gain = 1.0 + sum(reach[: lo - 1])
+    for d in range(lo, hi + 1):
+        gain += reach[d - 1]
+        t = draft_s[d] + verify_s[d] + rtt_s
+        rates[d] = gain / t if t > 0 else 0.0
+        if rates[d] > best_rate:
+            best, best_rate = d, rates[d]
+    return best, rates
+
+
+def draft_seconds(step_s: dict[int, float], width: int, max_depth: int, reused: int) -> list[float] | None:
+    """``draft(D, reused)`` for D = 0..max_depth from the per-size step baselines ``{T: seconds}``
+    (interpolated; None when empty): ``sum_{l=reused..D-1} tau(T_l)``, T_0 = 1, T_l = width."""
+    root, frontier = interpolate(1, step_s), interpolate(width, step_s)
+    if root is None or frontier is None:
+        return None
+    root, frontier = max(root, 0.0), max(frontier, 0.0)
+    out = [0.0] * (max_depth + 1)
+    for d in range(1, max_depth + 1):
+        out[d] = out[d - 1] + (0.0 if d - 1 < reused else (root if d == 1 else frontier))
+    return out
+
+
+class CostAwareCAAC(CAAC):
+    """CAAC's physical path and gate with the depth of :func:`choose_depth` (module docstring)."""
+
+    def __init__(self, config: CAACConfig | None = None, initial_depth: int = 4,
+                 cost: CostConfig | None = None) -> None:
+        super().__init__(config, initial_depth)
+        self.cost = cost or CostConfig()
+        self._reach = ReachEstimate(self.config.max_depth, self.cost)
+        self._verify = VerifyCurve(self.cost.alpha_verify)
+        self._link = LinkCost(self.cost.alpha_rtt)
+        self._branch = BranchYield(self.cost.alpha_reach)
+
+    # ---- what the cloud and the link report -----------------------------------------------
+    def observe_cloud(self, curve_nodes: Sequence[int], curve_s: Sequence[float], budget: int,
+                      width: int) -> None:
+        """A session opened: the cloud's start-up verify curve and this session's tree shape."""
+        self._verify.start(list(curve_nodes), list(curve_s))
+        self._link.budget, self._link.width = max(0, int(budget)), max(1, int(width))
+
+    def observe_verdict(self, depth: int, nodes: int, verify_s: float, rtt_s: float | None,
+                        accepted: int | None = None, hit: bool | None = None) -> None:
+        """A verdict for a tree of ``depth`` levels and ``nodes`` nodes: its ``verify_s``, the
+        link's share of the wait (arrival - send - verify_s) and, when a proactive branch ran,
+        whether it was kept (``hit``) after ``accepted`` of ``depth`` levels."""
+        self._verify.observe(int(nodes), float(verify_s))
+        self._link.observe(int(depth), int(nodes), rtt_s)
+        if hit is not None and accepted is not None:
+            self._branch.observe(accepted >= depth, bool(hit))
+
+    def observe_round(self, accepted: int, depth: int, cloud_seconds: float | None = None,
+                      b_hat: float | None = None) -> None:
+        before = self._ignored_rounds
+        super().observe_round(accepted, depth, cloud_seconds, b_hat)
+        if self._ignored_rounds == before:  # validated by CAAC
+            self._reach.observe(int(accepted), int(depth))
+
+    # ---- the decision --------------------------------------------------------------------
+    def cost_depth(self, reused: int = 0, proactive: bool = False) -> tuple[int, list[float]] | None:
+        """(depth*, rate by depth) from the current estimates; None while a cost is unknown."""
+        c, link = self.config, self._link
+        table = self._phys.baseline.classes()
+        steps = draft_seconds(table, link.width, c.max_depth, max(0, reused))
+        if steps is None or link.rtt is None or self._verify.predict(1) is None:
+            return None
+        verify = [0.0] + [self._verify.predict(link.tree_nodes(d)) or 0.0 for d in range(1, c.max_depth + 1)]
+        reach = self._reach.reach()
+        if proactive:  # the critical path less the expected saving of a kept branch (docstring)
+            whole = draft_seconds(table, link.width, c.max_depth, 0) or steps
+            kf, kp = self._branch.rate(True), self._branch.rate(False)
+            steps = [steps[0]] + [steps[d] - (reach[d - 1] * kf + (1 - reach[d - 1]) * kp)
+                                  * min(link.rtt + verify[d], whole[d]) for d in range(1, c.max_depth + 1)]
+        lo = min(c.max_depth, max(c.min_depth, reused))
+        return choose_depth(reach, steps, verify, link.rtt, lo)
+
+    def next_depth(self, proactive: bool = False, reused: int = 0) -> CAACDecision:
+        """``clamp(round_half_up(eta * depth*))``; CAAC's depth while the costs are unknown."""
+        best = self.cost_depth(reused, proactive)
+        if best is None:
+            return super().next_depth(proactive)
+        c = self.config
+        esr, eta = self._gate()
+        depth = min(c.max_depth, max(c.min_depth, _round_half_up(eta * best[0])))
+        return self._decision(depth, esr, eta, float(best[0]), False)
+
+    def next_depth_if(self, accepted: int, depth: int, b_hat: float | None = None,
+                      proactive: bool = True) -> CAACDecision:
+        what_if = copy.copy(self)  # as CAAC's; the shared physical path and costs are only read
+        what_if._reach = self._reach.copy()  # observe_round changes it in place
+        what_if.observe_round(accepted, depth, None, b_hat)
+        return what_if.next_depth(proactive)
+
+    def snapshot(self) -> dict:
+        snap = super().snapshot()
+        best = self.cost_depth(0, True)
+        snap.update({"policy": type(self).__name__, "cost_depth": 0 if best is None else best[0],
+                     "rtt_s": self._link.rtt or 0.0, "pooled_acceptance": self._reach.pooled(),
+                     "verify_points": len(self._verify.measured),
+                     "kept_after_full": self._branch.rate(True), "kept_after_partial": self._branch.rate(False)})
+        return snap

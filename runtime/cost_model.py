@@ -1,0 +1,252 @@
+"""What a round costs and what it yields, as the edge measures them (inputs of the cost-aware depth).
+
+Pure: no clocks, no I/O; the coordinator (or ``rapid sim``) measures and passes plain numbers.
+
+Acceptance per level (``ReachEstimate``). A round that drafted ``D`` levels and had ``a``
+accepted (``0 <= a <= D``) tells, for each level ``d <= min(a + 1, D)``, whether a path that had
+reached level ``d - 1`` went on to level ``d`` (yes for ``d <= a``, no for ``d = a + 1 <= D``).
+With forgetting at ``alpha_reach`` per round (counts ``n_d`` trials, ``s_d`` successes)::
+
+    s_d, n_d <- (1 - alpha_reach) * (s_d, n_d) + this round's events at level d
+    h0  = (S + w * p0) / (N + w)              pooled over every level (S = sum s_d, N = sum n_d)
+    h_d = (s_d + w * h0) / (n_d + w)          level d, shrunk towards the pooled rate
+    P(reach d) = prod_{k <= d} h_k            E[accepted | D] = sum_{d=1..D} P(reach d)
+
+A level never drafted reads the pooled rate (the i.i.d. model ``oracle-load`` uses), a level
+drafted often reads its own: in a token tree the first levels hold the most alternatives, so
+``h_d`` falls with ``d``. Defaults: ``p0 = 0.7`` (about the per-token acceptance of the
+CPU-calibrated traces of bench-out/vs-ar-1: 0.75 on c4, 0.93 on oasst, lower on the others),
+``w = 2`` (two pseudo-rounds: a level's own rate dominates after a few rounds),
+``alpha_reach = 0.05`` (about 20 rounds of memory, one 48-token generation at 2-3 tokens per
+round). In ``rapid sim`` over those traces (5 sets x none/sustained x {CPU verify and steps, lan;
+A100-like verify and 9 ms steps, lan and wan}), rapid-cost's macro mean against ``oracle-load``
+moves by at most 0.7 % for ``alpha_reach`` 0.02 / 0.1, ``p0`` 0.5 / 0.85 or ``w = 5``: the
+defaults are not a tuned optimum, and nothing rests on their exact values.
+
+Verify time by tree size (``VerifyCurve``). The start-up curve ``C`` from the cloud's
+``Ready`` (one tree forward of ``n`` nodes after the root) gives the shape; every verdict's
+``verify_s`` for its tree of ``n`` nodes gives the level, per size::
+
+    M[n] <- M[n] + alpha_verify * (verify_s - M[n])     (a first sample at n: M[n] = verify_s)
+    V(x) = C(x)                                 no verdict yet
+         = M(x)                                 lo <= x <= hi  (lo, hi = smallest / largest n in M)
+         = M[e] * C(x) / C(e)                   outside, e = the nearer of lo, hi (C's shape, M's level)
+         = M(x)                                 outside, without a start-up curve
+    (C(x), M(x): piecewise linear over their points, the end segments extended, flat with one point)
+
+So a verdict's size never reads as a dip in a curve measured by another clock: ``verify_s``
+includes the acceptance walk and the cloud's batching and load, the start-up forward does not,
+and the two can differ by a factor (a tiny test model verifies in 1-2 ms against the 20 ms a
+test cloud reports). ``alpha_verify = 0.2``: about 5 verdicts of memory per size. At most
+``MAX_POINTS`` sizes are kept (trees have at most 64 nodes: every size fits).
+
+Round-trip time and tree size (``LinkCost``)::
+
+    RTT  <- EMA(arrival - send - verify_s) at alpha_rtt     (the link's part of a round)
+    n(D) <- EMA(tree nodes of a round that drafted D levels) at alpha_rtt; unseen D:
+            n(D) = min(budget, n(D') * D / D') for the nearest seen D', else min(budget, width * D)
+
+``alpha_rtt = 0.3`` as CAAC's ``alpha_cloud`` (RTT jitter smoothed over ~3 rounds).
+
+Kept proactive branches (``BranchYield``): how often the branch drafted during the wait is kept,
+after a fully and after a partly accepted round (0 until seen)::
+
+    k_full <- EMA(hit | accepted == depth),  k_part <- EMA(hit | accepted < depth)   at alpha_reach
+
+They differ by an order of magnitude (c4 traces of bench-out/vs-ar-1: 0.62 and 0.03): the
+branch guesses where the path ends, and a fully accepted tree ends at one of its leaves.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+__all__ = ["BranchYield", "CostConfig", "LinkCost", "ReachEstimate", "VerifyCurve", "interpolate"]
+
+MAX_POINTS = 128  # node counts kept by the verify curve (trees have at most 64 nodes)
+
+
+@dataclass(slots=True, frozen=True)
+class CostConfig:
+    """The constants of the cost model (see the module docstring for the formulas)."""
+
+    p0: float = 0.7  # prior per-level acceptance before any round
+    prior_weight: float = 2.0  # w: pseudo-rounds pulling a level towards the pooled rate
+    alpha_reach: float = 0.05  # forgetting of the per-level counts, per round
+    alpha_verify: float = 0.2  # EMA rate of a verify-curve point from verdicts
+    alpha_rtt: float = 0.3  # EMA rate of the RTT and of the tree size per depth
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"CostConfig.{f.name} must be a finite number, got {v!r}")
+        if not 0 < self.p0 < 1:
+            raise ValueError(f"CostConfig.p0 must be in (0, 1), got {self.p0}")
+        if self.prior_weight <= 0:
+            raise ValueError(f"CostConfig.prior_weight must be > 0, got {self.prior_weight}")
+        for name in ("alpha_reach", "alpha_verify", "alpha_rtt"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"CostConfig.{name} must be in (0, 1], got {getattr(self, name)}")
+
+
+def interpolate(x: float, points: dict[int, float]) -> float | None:
+    """Piecewise linear through ``points`` (key -> value), end segments extended; flat with one
+    point; None without points."""
+    if not points:
+        return None
+    xs = sorted(points)
+    if len(xs) == 1:
+        return points[xs[0]]
+    i = 1
+    while i < len(xs) - 1 and x > xs[i]:
+        i += 1
+    x0, x1 = xs[i - 1], xs[i]
+    y0, y1 = points[x0], points[x1]
+    return y0 + (x - x0) * (y1 - y0) / (x1 - x0)
+
+
+class ReachEstimate:
+    """P(the accepted path reaches level d), from per-level counts; see the module docstring."""
+
+    __slots__ = ("config", "max_depth", "succ", "trials")
+
+    def __init__(self, max_depth: int, config: CostConfig | None = None) -> None:
+        self.config = config or CostConfig()
+        self.max_depth = max_depth
+        self.succ = [0.0] * (max_depth + 1)  # index d = level d (0 unused)
+        self.trials = [0.0] * (max_depth + 1)
+
+    def copy(self) -> ReachEstimate:
+        c = ReachEstimate(self.max_depth, self.config)
+        c.succ, c.trials = list(self.succ), list(self.trials)
+        return c
+
+    def observe(self, accepted: int, depth: int) -> None:
+        """One verified round: ``accepted`` (clamped to ``depth``) of ``depth`` levels."""
+        keep = 1.0 - self.config.alpha_reach
+        self.succ = [s * keep for s in self.succ]
+        self.trials = [n * keep for n in self.trials]
+        depth = min(depth, self.max_depth)
+        a = min(accepted, depth)
+        for d in range(1, min(a + 1, depth) + 1):
+            self.trials[d] += 1.0
+            self.succ[d] += 1.0 if d <= a else 0.0
+
+    def pooled(self) -> float:
+        c = self.config
+        return (sum(self.succ) + c.prior_weight * c.p0) / (sum(self.trials) + c.prior_weight)
+
+    def level_rates(self) -> list[float]:
+        """``[h_1, ..., h_max_depth]``."""
+        w, h0 = self.config.prior_weight, self.pooled()
+        return [(self.succ[d] + w * h0) / (self.trials[d] + w) for d in range(1, self.max_depth + 1)]
+
+    def reach(self) -> list[float]:
+        """``[P(reach 1), ..., P(reach max_depth)]``."""
+        out, p = [], 1.0
+        for h in self.level_rates():
+            p *= h
+            out.append(p)
+        return out
+
+
+class VerifyCurve:
+    """Verify seconds by tree nodes: the start-up curve's shape at the verdicts' level (module docstring)."""
+
+    __slots__ = ("alpha", "startup", "measured")
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        self.alpha = alpha
+        self.startup: dict[int, float] = {}  # C: nodes -> seconds, from Ready
+        self.measured: dict[int, float] = {}  # M: nodes -> EMA of verdicts' verify_s
+
+    def start(self, nodes: list[int], seconds: list[float]) -> None:
+        """Replace the start-up curve by the cloud's (ignores negative sizes, non-finite or
+        non-positive times; an empty or wholly invalid curve keeps the old one)."""
+        pts = {int(n): float(s) for n, s in zip(nodes, seconds, strict=True)
+               if n >= 0 and math.isfinite(s) and s > 0}
+        if pts:
+            self.startup = dict(sorted(pts.items())[:MAX_POINTS])
+
+    def observe(self, nodes: int, seconds: float) -> None:
+        if nodes < 0 or not math.isfinite(seconds) or seconds <= 0:
+            return
+        old = self.measured.get(nodes)
+        if old is None:
+            if len(self.measured) >= MAX_POINTS:
+                return
+            self.measured[nodes] = seconds
+        else:
+            self.measured[nodes] = old + self.alpha * (seconds - old)
+
+    def predict(self, nodes: float) -> float | None:
+        """``V(nodes)``, or None while neither curve has a point."""
+        m, c = self.measured, self.startup
+        if not m:
+            v = interpolate(nodes, c)
+        elif min(m) <= nodes <= max(m) or not c:
+            v = interpolate(nodes, m)
+        else:
+            e = min(m) if nodes < min(m) else max(m)
+            ce = interpolate(e, c) or 0.0
+            v = m[e] * (interpolate(nodes, c) or 0.0) / ce if ce > 0 else m[e]
+        return None if v is None else max(v, 0.0)
+
+
+class LinkCost:
+    """The link's round-trip time and the tree size per depth (module docstring)."""
+
+    __slots__ = ("alpha", "rtt", "nodes", "budget", "width")
+
+    def __init__(self, alpha: float = 0.3) -> None:
+        self.alpha = alpha
+        self.rtt: float | None = None
+        self.nodes: dict[int, float] = {}
+        self.budget = 0  # 0 = not told
+        self.width = 1
+
+    def observe(self, depth: int, nodes: int, rtt_s: float | None) -> None:
+        if rtt_s is not None and math.isfinite(rtt_s):
+            r = max(0.0, rtt_s)
+            self.rtt = r if self.rtt is None else self.rtt + self.alpha * (r - self.rtt)
+        if depth >= 1 and nodes >= 0:
+            old = self.nodes.get(depth)
+            self.nodes[depth] = float(nodes) if old is None else old + self.alpha * (nodes - old)
+
+    def tree_nodes(self, depth: int) -> float:
+        """``n(depth)``: measured, else scaled from the nearest measured depth, else width * depth."""
+        if depth <= 0:
+            return 0.0
+        cap = float(self.budget) if self.budget > 0 else math.inf
+        if depth in self.nodes:
+            return self.nodes[depth]
+        if self.nodes:
+            near = min(self.nodes, key=lambda d: (abs(d - depth), d))
+            return min(cap, self.nodes[near] * depth / near)
+        return min(cap, float(self.width * depth))
+
+
+class BranchYield:
+    """The rate at which a proactive branch is kept, after full / partial acceptance (module docstring)."""
+
+    __slots__ = ("alpha", "full", "part")
+
+    def __init__(self, alpha: float = 0.05) -> None:
+        self.alpha = alpha
+        self.full: float | None = None
+        self.part: float | None = None
+
+    def observe(self, full: bool, hit: bool) -> None:
+        x = 1.0 if hit else 0.0
+        old = self.full if full else self.part
+        new = x if old is None else old + self.alpha * (x - old)
+        if full:
+            self.full = new
+        else:
+            self.part = new
+
+    def rate(self, full: bool) -> float:
+        v = self.full if full else self.part
+        return 0.0 if v is None else v
