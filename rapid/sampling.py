@@ -62,7 +62,7 @@ def top_k_ids(values: np.ndarray, k: int) -> np.ndarray:
     return idx[np.lexsort((idx, -values[idx]))]
 
 
-def _filtered(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
+def filtered_logits(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
     """float64 logits / T with tokens outside top-k / top-p set to -inf."""
     z = logits.astype(np.float64) / p.temperature
     if p.top_k and p.top_k < z.shape[0]:
@@ -81,6 +81,14 @@ def _filtered(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
     return z
 
 
+def noisy_scores(logits: np.ndarray, position: int, p: SamplingParams) -> np.ndarray:
+    """The scores the seeded draw maximises for one row ``logits`` [V] predicting the token at
+    absolute ``position``: ``filtered_logits(logits) + g(seed, position)`` (float64, -inf outside
+    top-k / top-p). The target's pick is their argmax; the edge's coupled drafter ranks its own
+    candidates by them (``rapid.runtime.coupling``), so both sides share this one implementation."""
+    return filtered_logits(logits, p) + _gumbel(p.seed, int(position), logits.shape[-1])
+
+
 def pick_tokens(logits: np.ndarray, positions: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Target picks for each row.
 
@@ -91,10 +99,8 @@ def pick_tokens(logits: np.ndarray, positions: np.ndarray, params: SamplingParam
     if params.greedy:
         return np.argmax(logits, axis=-1).astype(np.int64)
     out = np.empty(logits.shape[0], dtype=np.int64)
-    vocab = logits.shape[-1]
     for r in range(logits.shape[0]):
-        g = _gumbel(params.seed, int(positions[r]), vocab)
-        out[r] = int(np.argmax(_filtered(logits[r], params) + g))
+        out[r] = int(np.argmax(noisy_scores(logits[r], int(positions[r]), params)))
     return out
 
 

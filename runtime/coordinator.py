@@ -190,7 +190,7 @@ class Coordinator:
             ready = await self.link.open(Hello(list(prompt), sampling.temperature, sampling.top_p, sampling.top_k,
                                                sampling.seed, max_nodes=d.params.budget))
             self._check_cloud(ready, prompt, max_new)
-            out, records, stopped = await self._rounds(prompt, max_new, on_tokens)
+            out, records, stopped = await self._rounds(prompt, max_new, sampling, on_tokens)
         finally:
             try:
                 await self._drain()
@@ -199,11 +199,11 @@ class Coordinator:
         wall = self.clock() - t_begin
         return Generation(out, records, summarize(self.policy.name, records, len(out), wall), stopped)
 
-    async def _rounds(self, prompt: Sequence[int], max_new: int,
+    async def _rounds(self, prompt: Sequence[int], max_new: int, sampling: SamplingParams,
                       on_tokens: Callable[[list[int]], None] | None) -> tuple[list[int], list[RoundRecord], bool]:
         d, p = self.drafter, self.policy
         stop_ids = d.stop_ids
-        d.start(prompt)
+        d.start(prompt, sampling)  # under sampling the drafter couples to the target's noise
         self.controller.new_request()
         out: list[int] = []
         records: list[RoundRecord] = []
