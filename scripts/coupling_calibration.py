@@ -1,16 +1,17 @@
-"""Measure coupled drafting's proposals and score on the real default pair (docs/bench.md).
+"""Measure coupled drafting's ranking and score on the real default pair (rapid.runtime.coupling).
 
 For a few prompts per set, the target alone samples ``--tokens`` tokens (temperature / top-p /
 seed); the draft then reads prompt + continuation in one causal step, and at every generated
-position we compare the target's draw with the draft's candidates:
+position the target's draw is compared with the draft's ranked candidates:
 
-- plain:   the draft's log-softmax top-k (what an uncoupled drafter proposes)
-- coupled: ``rapid.runtime.coupling.coupled_top`` (the target's noise on the draft's logits)
+- plain:    the draft's log-softmax order (what the uncoupled drafter proposes)
+- inside:   the draft's top-p set by noisy score z only
+- coupled:  ``coupled_top``: the top-p set by z, then the other tokens by unfiltered noisy score u
 
-Printed: how often the draw is the rank-1 / rank-2 candidate (hit@1, hit@2), how often it lies
-outside the draft's own top-p set, and, for each τ, the coupled score's calibration (mean
-predicted exp(score) of rank 1 vs its hit rate) and log-loss of the draw (a draw outside the
-candidates costs log of the remaining mass). Deterministic given the seed.
+Printed: hit@1..4 (the draw is among the first r candidates), how often the draw lies outside
+the draft's top-p set, and for the score log softmax(u / τ) at several τ (and the softmax over z
+alone) the log-loss of the draw and the mean predicted probability of each candidate rank.
+Deterministic given the seed; about 3 minutes on 2 CPU cores.
 
     python scripts/coupling_calibration.py --sets c4,oasst,mtbench,wikitext --n-prompts 2 --tokens 32
 """
@@ -26,17 +27,79 @@ from rapid.bench.prompts import load_sets, pick, truncate_ids
 from rapid.geometry import causal_allowed
 from rapid.runtime.coupling import coupled_top
 from rapid.runtime.generate import open_edge_model
-from rapid.sampling import SamplingParams, filtered_logits, log_softmax, top_k_ids
+from rapid.sampling import (
+    SamplingParams,
+    gumbel_noise,
+    log_softmax,
+    noisy_scores,
+    tempered,
+    top_k_ids,
+)
 from rapid.server.main import load_target
 from rapid.server.target import reference_decode
 
-TAUS = (0.5, 1.0, 2.0, 4.0)
+TAUS = (0.5, 1.0, 1.5, 2.0)
+RANKS = 4
 
 
-def _draft_rows(engine, ids: list[int]) -> np.ndarray:
-    engine.reset()
-    h = engine.step(ids, list(range(len(ids))), causal_allowed(0, len(ids)))
-    return h.logits()
+def collect(a: argparse.Namespace, params: SamplingParams) -> tuple[list[np.ndarray], list[int], list[int]]:
+    """(draft logits row, absolute position, target's draw) for every sampled position."""
+    edge = open_edge_model("default-draft-int4", "auto", 2048, 1)
+    target, _ = load_target("default-target", "auto", 1)
+    rows, pos, draws = [], [], []
+    for set_name, prompts in load_sets(None, a.sets.split(",")).items():
+        for p in pick(prompts, a.n_prompts):
+            ids = truncate_ids(list(edge.tokenizer(p.text)["input_ids"]), a.token_budget)
+            out = reference_decode(target, ids, a.tokens, params)
+            full = ids + out
+            edge.engine.reset()
+            logits = edge.engine.step(full, list(range(len(full))), causal_allowed(0, len(full))).logits()
+            for j, tok in enumerate(out):
+                rows.append(logits[len(ids) + j - 1])
+                pos.append(len(ids) + j)
+                draws.append(tok)
+            print(f"{set_name}/{p.id}: {len(out)} tokens", flush=True)
+    return rows, pos, draws
+
+
+def _lse(x: np.ndarray) -> float:
+    m = x.max()
+    return float(m + np.log(np.exp(x - m).sum()))
+
+
+def analyse(rows, pos, draws, params: SamplingParams) -> None:
+    n = len(draws)
+    hits = {k: np.zeros(RANKS) for k in ("plain", "inside", "coupled")}
+    loss = {t: 0.0 for t in TAUS} | {"z": 0.0}
+    pred = {t: np.zeros(RANKS) for t in TAUS}
+    outside, nucleus = 0, []
+    for row, p, tok in zip(rows, pos, draws, strict=True):
+        z = noisy_scores(row, p, params)
+        u = tempered(row, params) + gumbel_noise(params, p, row.shape[0])
+        inside = np.isfinite(z)
+        nucleus.append(int(inside.sum()))
+        outside += not inside[tok]
+        coupled = [t for t, _ in coupled_top(row, p, params, RANKS)]
+        ranked = {"plain": top_k_ids(log_softmax(row[None])[0], RANKS).tolist(),
+                  "inside": top_k_ids(z, min(RANKS, int(inside.sum()))).tolist(), "coupled": coupled}
+        for name, lst in ranked.items():
+            if tok in lst:
+                hits[name][lst.index(tok):] += 1
+        for t in TAUS:
+            lse = _lse(u / t)
+            loss[t] -= u[tok] / t - lse
+            pred[t] += [math.exp(u[c] / t - lse) for c in coupled]
+        loss["z"] -= z[tok] - _lse(z[inside]) if inside[tok] else math.log(1e-12)
+    print(f"positions {n}; the draw lies outside the draft's top-p set at {outside / n:.1%}; draft top-p set "
+          f"size median {np.median(nucleus):g}, p90 {np.percentile(nucleus, 90):g}")
+    for name, h in hits.items():
+        print(f"{name:8s} hit@1..{RANKS} " + " / ".join(f"{x:.1%}" for x in h / n))
+    emp = np.diff(np.concatenate([[0.0], hits["coupled"] / n]))
+    print("coupled measured P(draw = rank r) " + " / ".join(f"{x:.3f}" for x in emp))
+    for t in TAUS:
+        print(f"score log softmax(u/{t:g}): log-loss {loss[t] / n:.3f} nats; predicted P(rank r) "
+              + " / ".join(f"{x:.3f}" for x in pred[t] / n))
+    print(f"score log softmax(z) (zero outside the top-p set, floor 1e-12): log-loss {loss['z'] / n:.3f} nats")
 
 
 def main() -> None:
@@ -50,40 +113,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     params = SamplingParams(a.temperature, a.top_p, 0, a.seed)
-    edge = open_edge_model("default-draft-int4", "auto", 2048, 1)
-    target, _ = load_target("default-target", "auto", 1)
-    stats = {"n": 0, "plain1": 0, "plain2": 0, "c1": 0, "c2": 0, "outside": 0}
-    pred1 = {t: 0.0 for t in TAUS}
-    loss = {t: 0.0 for t in TAUS}
-    for set_name, prompts in load_sets(None, a.sets.split(",")).items():
-        for p in pick(prompts, a.n_prompts):
-            ids = truncate_ids(list(edge.tokenizer(p.text)["input_ids"]), a.token_budget)
-            out = reference_decode(target, ids, a.tokens, params)
-            rows = _draft_rows(edge.engine, ids + out)
-            for j, tok in enumerate(out):
-                pos = len(ids) + j
-                row = rows[pos - 1]
-                stats["n"] += 1
-                plain = top_k_ids(log_softmax(row[None])[0], 2).tolist()
-                stats["plain1"] += tok == plain[0]
-                stats["plain2"] += tok in plain
-                stats["outside"] += not np.isfinite(filtered_logits(row, params)[tok])
-                for t in TAUS:
-                    best = coupled_top(row, pos, params, 2, tau=t)
-                    pred1[t] += math.exp(best[0][1])
-                    if t == 1.0:
-                        stats["c1"] += tok == best[0][0]
-                        stats["c2"] += tok in [b[0] for b in best]
-                    full = dict(coupled_top(row, pos, params, row.shape[0], tau=t))
-                    rest = max(1e-12, 1.0 - sum(math.exp(s) for s in full.values()))
-                    loss[t] -= full[tok] if tok in full else math.log(rest)
-            print(f"{set_name}/{p.id}: {len(out)} tokens", flush=True)
-    n = stats["n"]
-    print(f"positions {n}; draw outside the draft's top-p set {stats['outside'] / n:.1%}")
-    print(f"plain   hit@1 {stats['plain1'] / n:.1%}  hit@2 {stats['plain2'] / n:.1%}")
-    print(f"coupled hit@1 {stats['c1'] / n:.1%}  hit@2 {stats['c2'] / n:.1%}")
-    for t in TAUS:
-        print(f"tau {t:g}: mean predicted P(rank 1) {pred1[t] / n:.3f}  log-loss/position {loss[t] / n:.3f}")
+    analyse(*collect(a, params), params)
 
 
 if __name__ == "__main__":

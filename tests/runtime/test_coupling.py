@@ -1,6 +1,7 @@
 """Coupled drafting (rapid.runtime.coupling): the first candidate is the target's own seeded pick
-on the draft's logits, the rest follow by noisy score, the score is a log-probability over the
-draft's top-k / top-p set; the opt-out reaches TreeParams from every command that takes tree options."""
+on the draft's logits, the rest follow by noisy score (the draft's top-k / top-p set first), the
+score is the log-softmax of the unfiltered noisy scores; the opt-out reaches TreeParams from
+every command that takes tree options."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rapid import sampling
 from rapid.bench.cli import bench_parser
 from rapid.runtime.args import add_tree_args, tree_params_of
 from rapid.runtime.coupling import coupled_top
@@ -33,14 +35,20 @@ def test_first_candidate_is_the_seeded_pick_and_the_rest_follow_by_noisy_score(p
     best = coupled_top(row, position, params, k)
     assert best[0][0] == int(pick_tokens(row[None], np.array([position]), params)[0])
     z = noisy_scores(row, position, params)
-    kept = np.flatnonzero(np.isfinite(filtered_logits(row, params)))
-    assert len(best) == min(k, kept.size) and {t for t, _ in best} <= set(kept.tolist())
-    toks = [t for t, _ in best]
-    assert toks == sorted(kept.tolist(), key=lambda t: (-z[t], t))[: len(best)]
+    u = row.astype(np.float64) / params.temperature + sampling._gumbel(params.seed, position, vocab)
+    kept = np.flatnonzero(np.isfinite(filtered_logits(row, params))).tolist()
+    rest = sorted(set(range(vocab)) - set(kept), key=lambda t: (-u[t], t))
+    want = sorted(kept, key=lambda t: (-z[t], t)) + rest  # the draft's top-p set first, then the others
+    assert [t for t, _ in best] == want[: min(k, vocab)]
     scores = [s for _, s in best]
-    assert all(s <= 0.0 for s in scores) and scores == sorted(scores, reverse=True)
-    full = coupled_top(row, position, params, vocab)  # a distribution over the kept set
-    assert math.isclose(sum(math.exp(s) for _, s in full), 1.0, rel_tol=1e-9)
+    assert all(s <= 0.0 for s in scores)
+    n_in = min(len(kept), len(best))
+    assert scores[:n_in] == sorted(scores[:n_in], reverse=True)  # inside the set, score order = rank order
+    full = dict(coupled_top(row, position, params, vocab))  # a distribution over the whole vocabulary
+    assert sorted(full) == list(range(vocab))
+    assert math.isclose(sum(math.exp(s) for s in full.values()), 1.0, rel_tol=1e-9)
+    lse = np.log(np.exp(u - u.max()).sum()) + u.max()
+    assert all(math.isclose(full[t], u[t] - lse, rel_tol=1e-12, abs_tol=1e-12) for t in range(vocab))
 
 
 def test_same_position_same_noise_other_position_other_draw():
