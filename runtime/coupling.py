@@ -61,7 +61,8 @@ def coupled_top(logits: np.ndarray, position: int, params: SamplingParams, k: in
     u = tempered(logits, params) + gumbel_noise(params, position, logits.shape[-1])
     inside = np.isfinite(z)
     k = min(k, z.shape[0])
-    idx = top_k_ids(z, min(k, int(inside.sum())))
+    kept = np.flatnonzero(inside)  # ascending: ties still go to the lower id
+    idx = kept[top_k_ids(z[kept], min(k, kept.shape[0]))]  # (a partition over ~V tied -inf is slow)
     if idx.shape[0] < k:
         idx = np.concatenate([idx, top_k_ids(np.where(inside, -np.inf, u), k - idx.shape[0])])
     s = u / tau
