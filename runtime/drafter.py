@@ -9,6 +9,11 @@ One expansion step is one engine call. Step 0 of a tree feeds the pending tokens
 yields the root's children; step ℓ ≥ 1 feeds the best ``width`` nodes of depth ℓ. The proactive
 branch (IPDG) uses the same steps under a chosen root (``runtime.ipdg``).
 
+Children are ranked and scored by the draft's log-softmax under greedy decoding (or with
+``TreeParams.coupled`` off); when the request samples they are coupled to the target's seeded
+noise (``runtime.coupling``): the child of a fed node sits at absolute position
+``root_position + depth + 1``, the key of the target's draw there.
+
 A step is complete when the engine's ``StepHandle.ready()`` says so (a CUDA event query on GPU
 backends, True at once on CPU ones); only then are its logits read and the step returned, so the
 caller's feedback-flag check after each step always follows a completed step. While a step is in
