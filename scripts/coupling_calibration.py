@@ -11,7 +11,7 @@ position the target's draw is compared with the draft's ranked candidates:
 Printed: hit@1..4 (the draw is among the first r candidates), how often the draw lies outside
 the draft's top-p set, and for the score log softmax(u / τ) at several τ (and the softmax over z
 alone) the log-loss of the draw and the mean predicted probability of each candidate rank.
-Deterministic given the seed; about 3 minutes on 2 CPU cores.
+Deterministic given the seed; 2-4 minutes on 2 CPU cores.
 
     python scripts/coupling_calibration.py --sets c4,oasst,mtbench,wikitext --n-prompts 2 --tokens 32
 """
