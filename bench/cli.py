@@ -12,7 +12,7 @@ from rapid.bench.prompts import default_prompt_dir
 from rapid.bench.report import write_report
 from rapid.bench.runner import BenchConfig, run_bench
 from rapid.bench.sim_report import run_sim_cli
-from rapid.runtime.args import budget_arg
+from rapid.runtime.args import add_coupled_arg, budget_arg
 
 # 4 min on the default pair (2 cores): the sustained-load comparison only, short prompts and outputs
 QUICK = dict(policies="fixed,rapid", sets="c4", n_prompts=1, token_budget=32, max_new=8,
@@ -63,7 +63,10 @@ def bench_parser() -> argparse.ArgumentParser:
     ap.add_argument("--edge-cpu", type=int, default=0)
     ap.add_argument("--cloud-cpu", type=int, default=1)
     ap.add_argument("--engine", default="auto", help="torch|onnx|trt|auto (auto: onnx for an export folder)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="the cloud's seed and the sampling seed")
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="sampling top-p")
+    add_coupled_arg(ap)
     ap.add_argument("--load-device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="where the contention load runs (default: the edge engine's device; a GPU edge gets "
                          "a GPU matmul load)")
@@ -95,7 +98,7 @@ def main_bench(argv: list[str]) -> int:
         schedules=_csv(opt("schedules", a.contention)), profiles=_csv(opt("profiles", a.profiles)),
         repeats=opt("repeats", a.repeats),
         depth=a.depth, budget=a.budget, topk=a.topk, width=a.width, edge_cpu=a.edge_cpu, cloud_cpu=a.cloud_cpu,
-        net=a.net, seed=a.seed, engine=a.engine, smoke=a.smoke, progress=not a.no_progress,
+        net=a.net, seed=a.seed, temperature=a.temperature, top_p=a.top_p, coupled=a.coupled, engine=a.engine, smoke=a.smoke, progress=not a.no_progress,
         carry_controller=not a.fresh_controller, load_device=a.load_device)
     if a.sets is None and a.prompts is None:
         if default_prompt_dir() is None:  # no shared prompt sets here: the built-in prompts

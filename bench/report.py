@@ -152,6 +152,15 @@ def write_summary_csv(rows: list[dict], path: Path) -> None:
         w.writerows(rows)
 
 
+def _sampling_text(cfg: dict) -> str:
+    """The run's sampling setting as the report states it (older traces: greedy)."""
+    t = cfg.get("temperature") or 0.0
+    if t == 0.0:
+        return "greedy"
+    coupled = "coupled drafting" if cfg.get("coupled", True) else "uncoupled drafting (--no-coupled)"
+    return f"sampling temperature {t:g}, top-p {cfg.get('top_p', 1.0):g}, seed {cfg.get('seed', 0)}, {coupled}"
+
+
 def write_report(folder: str | Path, plots: bool = True) -> dict[str, Path]:
     """Write summary.csv, report.md and the PNG plots into ``folder``; return the paths."""
     folder = Path(folder)
@@ -171,7 +180,7 @@ def write_report(folder: str | Path, plots: bool = True) -> dict[str, Path]:
     L.append(f"- started: {meta.get('started', '?')}; machine: {meta.get('machine', '?')}; cpus {meta.get('cpus')}")
     L.append(f"- draft: `{meta.get('draft')}`; target: `{meta.get('target')}`; engine {cfg.get('engine')}; "
              f"tree depth {cfg.get('depth')} budget {cfg.get('budget')} topk {cfg.get('topk')} width {cfg.get('width')}; "
-             f"greedy; max new tokens {cfg.get('max_new')}")
+             f"{_sampling_text(cfg)}; max new tokens {cfg.get('max_new')}")
     L.append(f"- prompts: sets {list(meta.get('prompts', {}))}, {cfg.get('n_prompts')} per set, truncated to the "
              f"last **{meta.get('token_budget')} tokens** (lengths used: {meta.get('prompt_tokens')}); raw text, "
              "no chat template (Llama-2 markers stripped)")

@@ -63,7 +63,10 @@ class BenchConfig:
     edge_cpu: int = 0
     cloud_cpu: int = 1
     net: str = "auto"  # auto | netem | transport
-    seed: int = 0
+    seed: int = 0  # the cloud's and the sampling seed
+    temperature: float = 0.0  # 0 = greedy (rapid.sampling)
+    top_p: float = 1.0
+    coupled: bool = True  # under sampling, coupled drafting (rapid.runtime.coupling)
     engine: str = "auto"
     smoke: bool = False
     progress: bool = True
@@ -138,8 +141,8 @@ def run_bench(cfg: BenchConfig) -> Path:
     pinned = pin(edge_cpus)
     edge = open_edge_model(draft, cfg.engine, 2048, 1)
     load_device = load_device_for(edge.engine.info.device, cfg.load_device)
-    tree = tree_params(cfg.depth, cfg.budget, cfg.topk, cfg.width)
-    sampling = SamplingParams(0.0, 1.0, 0, cfg.seed)
+    tree = tree_params(cfg.depth, cfg.budget, cfg.topk, cfg.width, cfg.coupled)
+    sampling = SamplingParams(cfg.temperature, cfg.top_p, 0, cfg.seed)
     encoded = {k: [(p, truncate_ids(list(edge.tokenizer(p.text)["input_ids"]), cfg.token_budget)) for p in v]
                for k, v in chosen.items()}
     meta = {

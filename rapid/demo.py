@@ -17,7 +17,7 @@ from pathlib import Path
 from rapid import models
 from rapid.export.fast_draft import resolve_draft
 from rapid.procs import free_port, split_cores, start_server, stop_server
-from rapid.runtime.args import tree_params
+from rapid.runtime.args import tree_params_of
 from rapid.runtime.coordinator import CoordinatorConfig
 from rapid.runtime.generate import encode_prompt, generate_text, open_edge_model
 from rapid.sampling import SamplingParams
@@ -57,7 +57,7 @@ def run_demo(args) -> int:
     url = f"ws://127.0.0.1:{port}"
     try:
         edge = open_edge_model(draft, args.engine, 2048, args.threads)
-        tree = tree_params(args.depth, args.budget, args.topk, args.width)
+        tree = tree_params_of(args)
         sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
         rows = []
         for name, text, chat in PROMPTS[: args.num_prompts]:

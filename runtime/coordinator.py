@@ -212,7 +212,7 @@ class Coordinator:
             max_new = self._check_cloud(ready, prompt, max_new, fit_cloud)
             self.controller.observe_cloud(ready.curve_nodes, [us / 1e6 for us in ready.curve_us],
                                           d.params.budget, d.params.width)
-            out, records, stopped, scores = await self._rounds(prompt, max_new, on_tokens, on_scores)
+            out, records, stopped, scores = await self._rounds(prompt, max_new, sampling, on_tokens, on_scores)
         finally:
             try:
                 await self._drain()
@@ -221,12 +221,13 @@ class Coordinator:
         wall = self.clock() - t_begin
         return Generation(out, records, summarize(self.policy.name, records, len(out), wall), stopped, scores)
 
-    async def _rounds(self, prompt: Sequence[int], max_new: int, on_tokens: Callable[[list[int]], None] | None,
+    async def _rounds(self, prompt: Sequence[int], max_new: int, sampling: SamplingParams,
+                      on_tokens: Callable[[list[int]], None] | None,
                       on_scores: Callable[[list[TokenScore]], None] | None = None):
         """The rounds; returns (tokens, records, stopped, scores)."""
         d, p = self.drafter, self.policy
         stop_ids = d.stop_ids
-        d.start(prompt)
+        d.start(prompt, sampling)  # under sampling the drafter couples to the target's noise
         self.controller.new_request()
         out: list[int] = []
         scores: list[TokenScore] = []

@@ -42,7 +42,7 @@ from rapid.runtime.args import (
     add_cloud_args,
     add_context_arg,
     add_tree_args,
-    tree_params,
+    tree_params_of,
 )
 from rapid.runtime.engine_pool import EdgeService
 from rapid.runtime.generate import open_edge_models
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("no --token-file / RAPID_TOKEN: connecting to the cloud without a token")
     ssl = client_ssl_context(args.cloud, args.cafile)
     edges = open_edge_models(source, backend, args.capacity, args.threads, max(1, args.parallel))
-    service = EdgeService(edges, args.cloud, policy=args.policy, tree=tree_params(args.depth, args.budget, args.topk, args.width),
+    service = EdgeService(edges, args.cloud, policy=args.policy, tree=tree_params_of(args),
                           token=token, ssl=ssl, model_name=args.model_name or os.path.basename(source.rstrip("/")),
                           link_options={"retry_timeout": args.retry_timeout,
                                         "verdict_timeout_s": args.verdict_timeout})

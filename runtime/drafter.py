@@ -9,6 +9,11 @@ One expansion step is one engine call. Step 0 of a tree feeds the pending tokens
 yields the root's children; step ℓ ≥ 1 feeds the best ``width`` nodes of depth ℓ. The proactive
 branch (IPDG) uses the same steps under a chosen root (``runtime.ipdg``).
 
+Children are ranked and scored by the draft's log-softmax under greedy decoding (or with
+``TreeParams.coupled`` off); when the request samples they are coupled to the target's seeded
+noise (``runtime.coupling``): the child of a fed node sits at absolute position
+``root_position + depth + 1``, the key of the target's draw there.
+
 A step is complete when the engine's ``StepHandle.ready()`` says so (a CUDA event query on GPU
 backends, True at once on CPU ones); only then are its logits read and the step returned, so the
 caller's feedback-flag check after each step always follows a completed step. While a step is in
@@ -28,9 +33,10 @@ from dataclasses import dataclass
 from rapid.engines.base import DraftEngine, StepHandle
 from rapid.errors import RapidError
 from rapid.geometry import ROOT, ancestor_mask, causal_allowed, node_positions
+from rapid.runtime.coupling import coupled_top
 from rapid.runtime.ipdg import ProactiveRoot, VerdictPlan, choose_proactive_root, plan_verdict
 from rapid.runtime.tree import TokenTree, TreeParams
-from rapid.sampling import log_softmax
+from rapid.sampling import SamplingParams, log_softmax, top_k_ids
 
 
 class StepTimeoutError(RapidError):
@@ -71,10 +77,13 @@ class Drafter:
         self.branch: ProactiveRoot | None = None
         self.branch_node: int | None = None
         self._branch_width = params.width
+        self.sampling = SamplingParams()
 
     # ---- set-up ---------------------------------------------------------------------------
-    def start(self, prompt: Sequence[int]) -> None:
+    def start(self, prompt: Sequence[int], sampling: SamplingParams | None = None) -> None:
+        """A new request; ``sampling`` (the request's, greedy if None) decides coupled ranking."""
         self.engine.reset()
+        self.sampling = sampling or SamplingParams()
         self.committed = list(prompt)
         self.pending = list(prompt)
         self.prefix_len = 0
@@ -88,13 +97,33 @@ class Drafter:
     def root_position(self) -> int:
         return len(self.committed) - 1
 
+    @property
+    def coupled(self) -> bool:
+        """Children ranked by the target's noise: the request samples and ``params.coupled``."""
+        return self.params.coupled and not self.sampling.greedy
+
     # ---- expansion ------------------------------------------------------------------------
-    def _feed(self, tokens: list[int], pos: list[int], allowed, phase: str) -> tuple:
+    def _feed(self, tokens: list[int], pos: list[int], allowed, phase: str, rows: list[int]) -> tuple:
+        """One engine step; the ranked next-token candidates of the given ``rows``."""
         t0 = self.clock()
         handle = self.engine.step(tokens, pos, allowed)
         self._until_ready(handle)
-        logp = log_softmax(handle.logits())  # complete: no wait
-        return logp, StepRecord(len(tokens), self.clock() - t0, phase)
+        logits = handle.logits()  # complete: no wait
+        best = self._ranked(logits[rows], [pos[r] + 1 for r in rows])
+        return best, StepRecord(len(tokens), self.clock() - t0, phase)
+
+    def _ranked(self, logits, child_pos: list[int]) -> list[list[tuple[int, float]]]:
+        """Per row, the ``topk + 1`` best (token, score) candidates for its child at ``child_pos``:
+        by the draft's log-softmax, or coupled (``rapid.runtime.coupling``) under sampling."""
+        k = self.params.topk + 1
+        if self.coupled:
+            return [coupled_top(row, p, self.sampling, k) for row, p in zip(logits, child_pos, strict=True)]
+        logp = log_softmax(logits)
+        out = []
+        for row in logp:
+            idx = top_k_ids(row, k)  # descending, ties by token id
+            out.append([(int(t), float(row[t])) for t in idx])
+        return out
 
     def _until_ready(self, handle: StepHandle) -> None:
         """Return once ``handle.ready()``: poll, sleeping ``poll_s`` between queries."""
@@ -110,11 +139,10 @@ class Drafter:
         kv = self.engine.kv_len
         allowed = ancestor_mask(self.tree.parents, nodes, self.tree.slot, kv, see=self.prefix_len)
         pos = node_positions([self.tree.depth[i] for i in nodes], self.root_position)
-        logp, rec = self._feed([self.tree.tokens[i] for i in nodes], pos, allowed, phase)
-        k = self.params.topk + 1
+        best, rec = self._feed([self.tree.tokens[i] for i in nodes], pos, allowed, phase, list(range(len(nodes))))
         for r, i in enumerate(nodes):
             self.tree.slot[i] = kv + r
-            self.tree.set_top(i, logp[r], k)
+            self.tree.set_best(i, best[r])
         return rec
 
     def step(self, under: int | None = None, phase: str = "draft") -> StepRecord | None:
@@ -123,11 +151,11 @@ class Drafter:
         if self.levels == 0:
             n = len(self.pending)
             kv = self.engine.kv_len
-            logp, rec = self._feed(self.pending, list(range(self.prefix_len, self.prefix_len + n)),
-                                   causal_allowed(kv, n), phase)
+            best, rec = self._feed(self.pending, list(range(self.prefix_len, self.prefix_len + n)),
+                                   causal_allowed(kv, n), phase, [n - 1])
             self.prefix_len += n
             self.pending = []
-            self.tree.set_top(ROOT, logp[-1], p.topk + 1)
+            self.tree.set_best(ROOT, best[0])
             self.tree.add_children(ROOT, p.topk, self.stop_ids)
         else:
             base = 0 if under is None else self.tree.depth[under]

@@ -14,7 +14,7 @@ from rapid.engines.select import open_engine, share_engine
 from rapid.export.fast_draft import FAST_DRAFT, resolve_draft
 from rapid.manifest import is_export_dir
 from rapid.models import load_tokenizer
-from rapid.runtime.args import tree_params
+from rapid.runtime.args import tree_params_of
 from rapid.runtime.coordinator import CoordinatorConfig, Generation, assemble
 from rapid.runtime.detok import Detokenizer
 from rapid.runtime.link import CloudLink
@@ -113,7 +113,7 @@ def run_generate(args) -> int:
     ssl = client_ssl_context(args.cloud, args.cafile)
     edge = open_edge_model(args.draft, args.engine, args.capacity, args.threads)
     ids = encode_prompt(edge.tokenizer, args.prompt, args.chat)
-    tree = tree_params(args.depth, args.budget, args.topk, args.width)
+    tree = tree_params_of(args)
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
     gen, _ = asyncio.run(generate_text(edge, args.cloud, ids, policy=args.policy, max_new=args.max_tokens,
                                        sampling=sampling, tree=tree, config=CoordinatorConfig(depth=args.depth),

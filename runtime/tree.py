@@ -5,9 +5,11 @@ The root is implicit: it is the last committed token. Node ``i`` has
     tokens[i]   its token id
     parents[i]  parent node index, -1 for a child of the root        (parents[i] < i always)
     depth[i]    1 for a child of the root; position = prefix_len + depth - 1 … see ``positions``
-    score[i]    cumulative draft log-probability  Σ log q(token | path)
+    score[i]    cumulative draft log-probability  Σ log q(token | path); under coupled sampling
+                Σ log of the coupled score (``rapid.runtime.coupling``)
     slot[i]     draft KV slot once the node has been fed to the draft, else -1
-    top[i]      the draft's best next tokens after node i, (token, log q) pairs, once fed
+    top[i]      the draft's best next tokens after node i, (token, log q) pairs, once fed (coupled:
+                ranked by the target's noise, with the coupled score)
 
 One expansion step at level ℓ feeds the best ``width`` unexpanded nodes of depth ℓ (or the
 root for ℓ = 0), adds each one's ``topk`` most likely children, then keeps the ``budget``
@@ -40,6 +42,7 @@ class TreeParams:
     topk: int = 4  # children added per expanded node
     width: int = 4  # maximum nodes expanded (fed to the draft) per step
     auto_budget: bool = False  # budget = the cloud's flat verify size (Ready.flat_nodes), capped by budget
+    coupled: bool = True  # under sampling, rank children by the target's noise (rapid.runtime.coupling)
 
     def for_cloud(self, max_nodes: int, flat_nodes: int) -> TreeParams:
         """The params for one session: with ``auto_budget`` the budget becomes
@@ -91,7 +94,10 @@ class TokenTree:
     def set_top(self, i: int, logprobs: np.ndarray, k: int) -> None:
         """Record the draft's ``k`` best next tokens after node ``i`` (``logprobs`` [V])."""
         idx = top_k_ids(logprobs, k)  # descending, ties by token id
-        best = [(int(t), float(logprobs[t])) for t in idx]
+        self.set_best(i, [(int(t), float(logprobs[t])) for t in idx])
+
+    def set_best(self, i: int, best: list[tuple[int, float]]) -> None:
+        """Record node ``i``'s ranked next-token candidates, (token, score) best first."""
         if i == ROOT:
             self.root_top = best
         else:

@@ -131,6 +131,48 @@ def test_cost_aware_policy_uses_the_cloud_curve_and_the_round_trip(curve_clouds,
     assert max(r.depth for r in gen.records) >= 6, [r.depth for r in gen.records]
 
 
+sampled_st = st.builds(SamplingParams, temperature=st.sampled_from([0.5, 0.7, 1.0, 1.5]),
+                       top_p=st.sampled_from([1.0, 0.8, 0.5]), top_k=st.sampled_from([0, 3, 20]),
+                       seed=st.integers(0, 2**40))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    policy=st.sampled_from(sorted(POLICIES)), coupled=st.booleans(),
+    draft=st.sampled_from(["same", "partial", "unrelated"]),
+    prompt=st.lists(st.integers(0, 255), min_size=1, max_size=24),
+    depth=st.integers(1, 8), budget=st.integers(1, 32), topk=st.integers(1, 4), width=st.integers(1, 4),
+    max_new=st.integers(1, 28), sampling=sampled_st,
+    step_delays=st.lists(st.sampled_from([0.0, 0.0005, 0.002]), max_size=4),
+)
+def test_coupled_and_uncoupled_drafting_match_target_alone_under_sampling(
+        cloud, tiny_pair, policy, coupled, draft, prompt, depth, budget, topk, width, max_new, sampling, step_delays):
+    """Coupled drafting changes only what is proposed: seeded sampling stays target-exact, every policy."""
+    target, drafts = tiny_pair
+    expected = reference_decode(target, prompt, max_new, sampling, (EOS_ID,))
+    gen = run_edge(cloud.url, drafts[draft], policy, prompt, max_new, sampling,
+                   TreeParams(depth, budget, topk, width, coupled=coupled), (EOS_ID,), step_delays)
+    assert gen.tokens == expected
+
+
+def test_coupled_identical_draft_accepts_whole_chains_under_sampling(cloud, tiny_pair):
+    """With the target's noise, a draft equal to the target proposes exactly the target's draws:
+    whole chains are accepted, as under greedy. Uncoupled, the same chains stop at its greedy guesses."""
+    target, drafts = tiny_pair
+    prompt = list(b"def f(x):")
+    sampling = SamplingParams(temperature=0.7, top_p=0.8, seed=11)
+    want = reference_decode(target, prompt, 30, sampling, (EOS_ID,))
+    runs = {}
+    for coupled in (True, False):
+        gen = run_edge(cloud.url, drafts["same"], "fixed", prompt, 30, sampling,
+                       TreeParams(4, 4, 1, 1, coupled=coupled), (EOS_ID,))
+        assert gen.tokens == want
+        runs[coupled] = gen
+    full = [r for r in runs[True].records if r.emitted == 5]
+    assert len(full) >= len(runs[True].records) - 1
+    assert runs[False].summary.mean_accepted < runs[True].summary.mean_accepted
+
+
 def test_identical_draft_accepts_whole_chains(cloud, tiny_pair):
     target, drafts = tiny_pair
     prompt = list(b"def f(x):")

@@ -241,3 +241,21 @@ def test_top_k_keeps_exactly_k_tokens_under_ties():
     assert set(k1.tolist()) == {0}  # == greedy (argmax → lowest id)
     k2 = pick_tokens(logits, pos, SamplingParams(temperature=1.0, top_k=2, seed=0))
     assert set(k2.tolist()) <= {0, 1}
+
+
+def _nucleus_by_full_sort(z: np.ndarray, top_p: float) -> set[int]:
+    order = np.lexsort((np.arange(z.shape[0]), -z))  # descending, ties by id
+    cum = np.cumsum(np.exp(z[order] - z.max()) / np.exp(z - z.max()).sum())
+    return set(order[: int(np.searchsorted(cum, top_p)) + 1].tolist())
+
+
+@FAST
+@given(seed=st.integers(0, 2**32 - 1), vocab=st.integers(1, 3000), top_p=st.floats(0.01, 0.999),
+       scale=st.sampled_from([0.01, 0.3, 3.0]), ties=st.booleans())
+def test_partial_sort_nucleus_equals_the_full_sort(seed, vocab, top_p, scale, ties):
+    """The nucleus grows its partial sort (64, 512, ...) until the prefix is inside: flat rows need
+    the whole vocabulary, peaked ones a few tokens; the set is the full sort's either way."""
+    z = np.random.default_rng(seed).normal(0.0, scale, size=vocab)
+    if ties:
+        z = np.round(z, 1)
+    assert set(sampling._nucleus(z, top_p).tolist()) == _nucleus_by_full_sort(z, top_p)

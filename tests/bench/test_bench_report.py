@@ -44,3 +44,18 @@ def test_target_check_says_met_or_by_how_much():
 def test_report_lists_the_targets(canned):
     md = write_report(canned, plots=False)["report"].read_text()
     assert "## Targets" in md and "rapid/fixed" in md and ("met" in md or "missed by" in md)
+
+
+def test_report_states_the_sampling_setting(canned):
+    import json
+
+    meta = json.loads((canned / "meta.json").read_text())
+    assert "greedy;" in write_report(canned, plots=False)["report"].read_text()  # canned: greedy
+    try:
+        for coupled, says in ((True, "coupled drafting"), (False, "uncoupled drafting (--no-coupled)")):
+            cfg = dict(meta["config"], temperature=0.7, top_p=0.8, seed=3, coupled=coupled)
+            (canned / "meta.json").write_text(json.dumps(dict(meta, config=cfg)))
+            md = write_report(canned, plots=False)["report"].read_text()
+            assert f"sampling temperature 0.7, top-p 0.8, seed 3, {says};" in md
+    finally:
+        (canned / "meta.json").write_text(json.dumps(meta))
