@@ -10,6 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from rapid.bench.plots import make_plots
+from rapid.bench.policy_targets import target_lines
 
 METRICS = [  # (column, header)
     ("tok_s", "throughput tok/s"),
@@ -223,6 +224,7 @@ def write_report(folder: str | Path, plots: bool = True) -> dict[str, Path]:
             verdict = "met" if t["met"] else f"missed by {t['short_by']:.0%}"
             L.append(f"| {t['profile']} | {t['schedule']} | {t['set']} | {t['ratio']} | {t['value']:.2f} | "
                      f"≥ {t['goal']:.1f} | {verdict} |")
+    L += target_lines(rows)
     pngs = [p for k, p in files.items() if k not in ("summary", "report")]
     if pngs:
         L += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in pngs]
