@@ -92,11 +92,11 @@ import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Protocol
 
+from rapid.runtime.depth_control import CAACDecision
 from rapid.runtime.step_cost import Slowdown
 
-__all__ = ["CAAC", "CAACConfig", "CAACDecision", "DepthController", "FixedDepth"]
+__all__ = ["CAAC", "CAACConfig", "FixedDepth"]
 
 _INT_FIELDS = ("min_depth", "max_depth", "n_warmup", "max_classes")
 
@@ -161,45 +161,6 @@ class CAACConfig:
         for name in ("kp", "ki", "kd"):
             need(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
         need(0 < self.alpha_cloud <= 1, f"alpha_cloud must be in (0, 1], got {self.alpha_cloud}")
-
-
-@dataclass(slots=True, frozen=True)
-class CAACDecision:
-    """The depth for the next round and the signals that produced it (for telemetry)."""
-
-    depth: int
-    tau_cur: float
-    tau_fast: float
-    tau_slow: float
-    esr: float
-    eta: float
-    acceptance: float
-    b_hat: float
-    capped_by_time: bool
-
-
-class DepthController(Protocol):
-    """What the coordinator needs from a depth policy (CAAC or FixedDepth)."""
-
-    def observe_step(self, seconds: float, tokens: int) -> None: ...
-
-    def observe_round(self, accepted: int, depth: int, cloud_seconds: float | None = None,
-                      b_hat: float | None = None) -> None: ...
-
-    def next_depth(self, proactive: bool = False, reused: int = 0) -> CAACDecision: ...
-
-    def observe_cloud(self, curve_nodes: Sequence[int], curve_s: Sequence[float], budget: int,
-                      width: int) -> None: ...
-
-    def observe_verdict(self, depth: int, nodes: int, verify_s: float, rtt_s: float | None,
-                        accepted: int | None = None, hit: bool | None = None) -> None: ...
-
-    def next_depth_if(self, accepted: int, depth: int, b_hat: float | None = None,
-                      proactive: bool = True) -> CAACDecision: ...
-
-    def snapshot(self) -> dict: ...
-
-    def new_request(self) -> None: ...
 
 
 def _round_half_up(x: float) -> int:

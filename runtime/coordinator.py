@@ -37,9 +37,10 @@ from typing import Any
 from rapid.acceptance import finish
 from rapid.engines.base import DraftEngine
 from rapid.errors import ContextFullError
-from rapid.runtime.caac import CAAC, CAACConfig, CAACDecision, DepthController, FixedDepth
+from rapid.runtime.caac import CAAC, CAACConfig, FixedDepth
 from rapid.runtime.cost_caac import CostAwareCAAC
 from rapid.runtime.cost_model import CostConfig
+from rapid.runtime.depth_control import CAACDecision, DepthController
 from rapid.runtime.drafter import Drafter
 from rapid.runtime.link import CloudError, CloudLink
 from rapid.runtime.policies import Policy, get_policy

@@ -39,7 +39,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 
-from rapid.runtime.caac import CAAC, CAACConfig, CAACDecision, _round_half_up
+from rapid.runtime.caac import CAAC, CAACConfig, _round_half_up
 from rapid.runtime.cost_model import (
     BranchYield,
     CostConfig,
@@ -48,6 +48,7 @@ from rapid.runtime.cost_model import (
     VerifyCurve,
     interpolate,
 )
+from rapid.runtime.depth_control import CAACDecision
 
 __all__ = ["CostAwareCAAC", "choose_depth", "draft_seconds"]
 

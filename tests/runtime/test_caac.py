@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rapid.runtime.caac import CAAC, CAACConfig, CAACDecision, FixedDepth
+from rapid.runtime.caac import CAAC, CAACConfig, FixedDepth
+from rapid.runtime.depth_control import CAACDecision
 
 TOK = 8  # tokens fed per expansion step
 TAU = 0.01  # normal seconds per token

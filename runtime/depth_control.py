@@ -1,0 +1,51 @@
+"""What the coordinator asks of a depth policy, and what a decision carries.
+
+``CAAC`` / ``FixedDepth`` (``rapid.runtime.caac``) and ``CostAwareCAAC``
+(``rapid.runtime.cost_caac``) implement ``DepthController``; each round's ``CAACDecision`` goes
+into the round's telemetry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(slots=True, frozen=True)
+class CAACDecision:
+    """The depth for the next round and the signals that produced it (for telemetry)."""
+
+    depth: int
+    tau_cur: float
+    tau_fast: float
+    tau_slow: float
+    esr: float
+    eta: float
+    acceptance: float
+    b_hat: float
+    capped_by_time: bool
+
+
+class DepthController(Protocol):
+    """What the coordinator needs from a depth policy (CAAC or FixedDepth)."""
+
+    def observe_step(self, seconds: float, tokens: int) -> None: ...
+
+    def observe_round(self, accepted: int, depth: int, cloud_seconds: float | None = None,
+                      b_hat: float | None = None) -> None: ...
+
+    def next_depth(self, proactive: bool = False, reused: int = 0) -> CAACDecision: ...
+
+    def observe_cloud(self, curve_nodes: Sequence[int], curve_s: Sequence[float], budget: int,
+                      width: int) -> None: ...
+
+    def observe_verdict(self, depth: int, nodes: int, verify_s: float, rtt_s: float | None,
+                        accepted: int | None = None, hit: bool | None = None) -> None: ...
+
+    def next_depth_if(self, accepted: int, depth: int, b_hat: float | None = None,
+                      proactive: bool = True) -> CAACDecision: ...
+
+    def snapshot(self) -> dict: ...
+
+    def new_request(self) -> None: ...
