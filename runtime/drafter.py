@@ -35,8 +35,8 @@ from rapid.errors import RapidError
 from rapid.geometry import ROOT, ancestor_mask, causal_allowed, node_positions
 from rapid.runtime.coupling import coupled_top
 from rapid.runtime.ipdg import ProactiveRoot, VerdictPlan, choose_proactive_root, plan_verdict
-from rapid.runtime.tree import TokenTree, TreeParams
-from rapid.sampling import SamplingParams, log_softmax, top_k_ids
+from rapid.runtime.tree import TokenTree, TreeParams, best_tokens
+from rapid.sampling import SamplingParams, log_softmax
 
 
 class StepTimeoutError(RapidError):
@@ -118,12 +118,7 @@ class Drafter:
         k = self.params.topk + 1
         if self.coupled:
             return [coupled_top(row, p, self.sampling, k) for row, p in zip(logits, child_pos, strict=True)]
-        logp = log_softmax(logits)
-        out = []
-        for row in logp:
-            idx = top_k_ids(row, k)  # descending, ties by token id
-            out.append([(int(t), float(row[t])) for t in idx])
-        return out
+        return [best_tokens(row, k) for row in log_softmax(logits)]
 
     def _until_ready(self, handle: StepHandle) -> None:
         """Return once ``handle.ready()``: poll, sleeping ``poll_s`` between queries."""

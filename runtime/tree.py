@@ -58,6 +58,12 @@ class TreeParams:
                 raise ValueError(f"TreeParams.{name} must be >= 1, got {getattr(self, name)}")
 
 
+def best_tokens(logprobs: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """The ``k`` best (token, log-probability) pairs of one row ``logprobs`` [V], descending,
+    ties by token id."""
+    return [(int(t), float(logprobs[t])) for t in top_k_ids(logprobs, k)]
+
+
 @dataclass(slots=True)
 class TokenTree:
     tokens: list[int] = field(default_factory=list)  # [N]
@@ -93,8 +99,7 @@ class TokenTree:
 
     def set_top(self, i: int, logprobs: np.ndarray, k: int) -> None:
         """Record the draft's ``k`` best next tokens after node ``i`` (``logprobs`` [V])."""
-        idx = top_k_ids(logprobs, k)  # descending, ties by token id
-        self.set_best(i, [(int(t), float(logprobs[t])) for t in idx])
+        self.set_best(i, best_tokens(logprobs, k))
 
     def set_best(self, i: int, best: list[tuple[int, float]]) -> None:
         """Record node ``i``'s ranked next-token candidates, (token, score) best first."""
