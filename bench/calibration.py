@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rapid.bench.report import read_jsonl
+from rapid.runtime.cost_model import interpolate_sorted
 from rapid.runtime.tree import AUTO_BUDGET_CAP
 
 
@@ -52,10 +53,10 @@ class Calibration:
     def verify(self, nodes: float) -> float:
         if self.gpu_profile is not None:
             xs, ys = self.gpu_profile
-            return _interp(nodes, xs, ys)
+            return interpolate_sorted(nodes, xs, ys)
         if self.verify_table is not None:  # the measured curve (CPU verify is concave in nodes)
             xs, ys = self.verify_table
-            return max(1e-4, _interp(nodes, xs, ys))
+            return max(1e-4, interpolate_sorted(nodes, xs, ys))
         return max(1e-4, self.verify_a + self.verify_b * nodes)
 
     @property
@@ -67,7 +68,7 @@ class Calibration:
         """The step curve at ``tokens`` tokens per step (``tokens`` itself without a curve)."""
         if self.step_curve is None:
             return float(tokens)
-        return _interp(tokens, *self.step_curve)
+        return interpolate_sorted(tokens, *self.step_curve)
 
     def step_scale(self, tokens: float) -> float:
         """Time of a draft step feeding ``tokens`` tokens relative to a tree step (``step_s``
@@ -94,17 +95,6 @@ class Calibration:
         d["nodes_by_depth"] = {str(k): v for k, v in self.nodes_by_depth.items()}
         d["nodes_by_policy"] = {p: {str(k): v for k, v in t.items()} for p, t in self.nodes_by_policy.items()}
         return d
-
-
-def _interp(x: float, xs: list[float], ys: list[float]) -> float:
-    if x <= xs[0]:
-        return ys[0] if len(xs) == 1 else ys[0] + (x - xs[0]) * (ys[1] - ys[0]) / max(xs[1] - xs[0], 1e-9)
-    for i in range(1, len(xs)):
-        if x <= xs[i]:
-            return ys[i - 1] + (x - xs[i - 1]) * (ys[i] - ys[i - 1]) / max(xs[i] - xs[i - 1], 1e-9)
-    if len(xs) == 1:
-        return ys[0]
-    return ys[-1] + (x - xs[-1]) * (ys[-1] - ys[-2]) / max(xs[-1] - xs[-2], 1e-9)
 
 
 def _linfit(xs: list[float], ys: list[float]) -> tuple[float, float]:

@@ -60,9 +60,10 @@ branch guesses where the path ends, and a fully accepted tree ends at one of its
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-__all__ = ["BranchYield", "CostConfig", "LinkCost", "ReachEstimate", "VerifyCurve", "interpolate"]
+__all__ = ["BranchYield", "CostConfig", "LinkCost", "ReachEstimate", "VerifyCurve", "interpolate", "interpolate_sorted"]
 
 MAX_POINTS = 128  # node counts kept by the verify curve (trees have at most 64 nodes)
 
@@ -97,14 +98,20 @@ def interpolate(x: float, points: dict[int, float]) -> float | None:
     if not points:
         return None
     xs = sorted(points)
+    return interpolate_sorted(x, xs, [points[k] for k in xs])
+
+
+def interpolate_sorted(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Piecewise linear through (xs[i], ys[i]), ``xs`` ascending and not empty: the segment of
+    the first ``xs[i] >= x`` (the end segments extended), flat with one point; equal neighbours
+    divide by 1e-9 instead of 0."""
     if len(xs) == 1:
-        return points[xs[0]]
+        return ys[0]
     i = 1
     while i < len(xs) - 1 and x > xs[i]:
         i += 1
-    x0, x1 = xs[i - 1], xs[i]
-    y0, y1 = points[x0], points[x1]
-    return y0 + (x - x0) * (y1 - y0) / (x1 - x0)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (x - x0) * (y1 - y0) / max(x1 - x0, 1e-9)
 
 
 class ReachEstimate:
