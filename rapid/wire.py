@@ -161,9 +161,14 @@ def _pack_ints(values: list[int]) -> bytes:
     return arr.astype("<i4").tobytes()
 
 
+def _nan_or_posinf(arr: np.ndarray) -> bool:
+    """A log-probability array holds NaN or +inf (-inf is a legal log-probability)."""
+    return bool(np.isnan(arr).any() or np.isposinf(arr).any())
+
+
 def _pack_floats(values: list[float]) -> bytes:
     arr = np.asarray(values, dtype=np.float32)
-    if np.isnan(arr).any() or np.isposinf(arr).any():
+    if _nan_or_posinf(arr):
         raise WireError("bad_value", "a log-probability is NaN or +inf")
     return arr.astype("<f4").tobytes()
 
@@ -242,7 +247,7 @@ def decode(data: bytes | str) -> Frame:
                 v = np.frombuffer(v, dtype="<i4").astype(np.int64).tolist()
             else:
                 arr = np.frombuffer(v, dtype="<f4")
-                if np.isnan(arr).any() or np.isposinf(arr).any():
+                if _nan_or_posinf(arr):
                     raise WireError("bad_value", f"field {k!r} holds NaN or +inf")
                 v = arr.tolist()
         elif v is None and cls.__dataclass_fields__[k].default is None:
@@ -258,8 +263,5 @@ def decode(data: bytes | str) -> Frame:
         frame = cls(**kwargs)
     except TypeError:
         raise WireError("bad_frame", f"{cls.T} frame is missing fields") from None
-    if isinstance(frame, Hello) and frame.v != PROTOCOL_VERSION:
-        raise WireError("bad_version", f"protocol version {frame.v} is not supported (this side speaks "
-                                       f"{PROTOCOL_VERSION}); run the same RAPID version on edge and cloud")
-    _check_fields(frame)
+    _check_fields(frame)  # (a Hello's version was checked before its fields)
     return frame
