@@ -124,12 +124,16 @@ def precision_rows() -> list[tuple[str, str]]:
             ("--dtype auto (cpu)", f"{choice.dtype}: {choice.reason}")]
 
 
+def _verify_mode_line(found) -> str:
+    return f"{'tree' if found.check.invariant else 'sequential'}: {found.line()}"
+
+
 def target_rows(spec: str) -> list[tuple[str, str]]:
     """Load the target as ``rapid serve`` would and measure its verify curve and verify mode."""
     import torch
 
     from rapid.modeling import load_decoder
-    from rapid.server.main import choose_verify_mode
+    from rapid.server.invariance import check_invariance
     from rapid.server.verify_curve import (
         curve_line,
         flat_nodes,
@@ -145,7 +149,7 @@ def target_rows(spec: str) -> list[tuple[str, str]]:
     rows = [(f"verify curve ({dtype}, 1 thread)", curve_line(points) + " (128-token prefix)"),
             ("flat up to", f"{flat_nodes(points)} tree nodes (what --budget auto uses)"),
             ("memory roofline", roofline_line(model, points[0].ms, read_bandwidth_gbs())),
-            ("verify mode", choose_verify_mode(model))]
+            ("verify mode", _verify_mode_line(check_invariance(model, 64)))]
     if dtype != "float32":
         model = model.float()
         rows.insert(1, ("verify curve (float32, 1 thread)", curve_line(measure_curve(model))))

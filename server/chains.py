@@ -43,6 +43,8 @@ import torch
 
 from rapid.kvcache import StaticKV
 from rapid.modeling import Decoder, additive_mask
+from rapid.server import row_forward
+from rapid.server.rowops import RowKeys
 
 MIN_KEYS = 64  # fewest keys every row's attention spans (see the module docstring)
 
@@ -116,7 +118,7 @@ class ChainBatch:
 class ChainResult:
     logits: torch.Tensor | None  # [1+N, V] tree rows, model dtype (None: not projected)
     positions: list[int]  # [1+N]
-    kv: ChainBatch  # the batch's new entries
+    kv: ChainBatch | row_forward.NewKV  # the batch's new entries
     offset: int  # this job's first unique row in the batch
     chains: list[list[int]]  # [C][L_c] this job's tree rows per chain
 
@@ -129,11 +131,49 @@ def _layout(jobs: Sequence[ChainJob], min_rows: int) -> tuple[list[int], list[tu
     return offsets, chains, width, max(offsets[-1], min_rows)
 
 
+def row_keys(jobs: Sequence[ChainJob]) -> RowKeys:
+    """Every unique row's keys for ``row_forward``: its session's prefix, then its ancestors and
+    itself in depth order (the first chain holding the row gives the path)."""
+    offsets = list(accumulate((len(job.ids) for job in jobs), initial=0))
+    anc: list[list[int]] = [[] for _ in range(offsets[-1])]
+    base_k, base_v, plen, head, layer = [], [], [], [], []
+    for j, job in enumerate(jobs):
+        for chain in job.chains:
+            for i, r in enumerate(chain):
+                if not anc[offsets[j] + r]:
+                    anc[offsets[j] + r] = [offsets[j] + a for a in chain[:i + 1]]
+        kv = job.kv
+        n = len(job.ids)
+        base_k += [kv.k.data_ptr()] * n
+        base_v += [kv.v.data_ptr()] * n
+        plen += [kv.length] * n
+        head += [kv.k.shape[2] * kv.k.shape[3]] * n
+        layer += [kv.k.shape[1] * kv.k.shape[2] * kv.k.shape[3]] * n
+    if any(not a for a in anc):
+        raise ValueError("row_keys: a tree row is on no chain")
+    t = lambda xs: torch.as_tensor(xs, dtype=torch.long)  # noqa: E731
+    return RowKeys(t(base_k), t(base_v), t(plen), t(head), t(layer), jobs[0].kv.k.element_size(),
+                   t(list(accumulate((len(a) for a in anc), initial=0))), t([r for a in anc for r in a]))
+
+
+def _forward_rows(model: Decoder, jobs: Sequence[ChainJob], logits: bool) -> list[ChainResult]:
+    offsets = list(accumulate((len(job.ids) for job in jobs), initial=0))
+    ids = [t for job in jobs for t in job.ids]
+    pos = [p for job in jobs for p in job.positions]
+    out, new = row_forward.forward_rows(model, ids, pos, row_keys(jobs), jobs[0].kv.k.dtype,
+                                        range(len(ids)) if logits else None)
+    return [ChainResult(out[offsets[j]:offsets[j + 1]] if logits else None, job.positions, new, offsets[j], job.chains)
+            for j, job in enumerate(jobs)]
+
+
 def forward_chains(model: Decoder, jobs: Sequence[ChainJob], min_rows: int,
                    logits: bool = True) -> list[ChainResult]:
-    """One forward over every tree row of every job, attention per chain (see the module
-    docstring); at least ``min_rows`` unique rows and chain slots. ``logits=False`` (a prefill)
-    skips the LM head."""
+    """One forward over every tree row of every job. On the row-invariant kernels
+    (``row_forward.enabled``) each row attends its own key list; otherwise attention runs per
+    chain (see the module docstring) with at least ``min_rows`` unique rows and chain slots.
+    ``logits=False`` (a prefill) skips the LM head."""
+    if row_forward.enabled(model):
+        return _forward_rows(model, jobs, logits)
     offsets, chains, width, n_rows = _layout(jobs, min_rows)
     slots = [c + [c[-1]] * (width - len(c)) for _, c in chains]  # padding slots repeat the leaf
     first = [0] * n_rows  # dummy rows (beyond every job's rows) read slot 0: unused
@@ -169,7 +209,7 @@ def commit(result: ChainResult, target: StaticKV, path_rows: Sequence[int]) -> N
     p = target.length
     if p + n > target.capacity:
         raise ValueError(f"commit: {n} entries from {p} exceed capacity {target.capacity}")
-    rows = torch.as_tensor([result.offset + r for r in path_rows], device=result.kv.slots.device)
+    rows = torch.as_tensor([result.offset + r for r in path_rows], device=result.kv.new_k[0].device)
     for layer, (k, v) in enumerate(zip(result.kv.new_k, result.kv.new_v, strict=True)):
         target.k[layer, :, p:p + n] = k[0][:, rows]
         target.v[layer, :, p:p + n] = v[0][:, rows]

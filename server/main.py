@@ -10,7 +10,7 @@ import socket
 from rapid.auth import load_token, server_ssl_context
 from rapid.errors import RapidError
 from rapid.server.app import VerifierServer, serve_forever
-from rapid.server.invariance import probe
+from rapid.server.invariance import check_invariance
 from rapid.server.sessions import Limits
 from rapid.server.verify_curve import (
     FLAT_TOLERANCE,
@@ -56,24 +56,27 @@ def load_target(spec: str, dtype: str = "auto", threads: int = 1, device: str = 
     return model.to(dev), tokenizer
 
 
-def choose_verify_mode(model, requested: str = "auto") -> str:
-    """``tree`` when every row of a tree forward is bitwise a one-token step (measured on the
-    loaded model, ``rapid.server.invariance.probe``), else ``sequential``; explicit modes are
-    kept (``tree`` on a non-invariant target is logged: outputs may then differ at near-ties)."""
+def choose_verify_mode(model, requested: str = "auto", budget: int = 64) -> str:
+    """``tree`` when every row of a tree forward is bitwise a one-token step, else ``sequential``.
+
+    On the row-invariant kernels (``rapid.server.row_forward``: every CPU target in float32 or
+    bfloat16) that holds by construction and a cheap probe confirms it; elsewhere
+    ``invariance.thorough_probe`` measures every row count up to ``budget`` + 1, key lengths
+    across 64/128/256 and a batch of sessions. Explicit modes are kept (``tree`` on a target
+    found not invariant is logged: outputs may then differ at near-ties)."""
     if requested == "sequential":
         return requested
-    check = probe(model)
-    if check.invariant:
-        log.info("tree verification is batch-invariant on this target (%d rows bitwise equal)", check.rows)
+    found = check_invariance(model, budget)
+    if found.check.invariant:
+        log.info("verify mode tree: %s", found.line())
         return "tree"
     if requested == "tree":
-        log.warning("tree verification is NOT batch-invariant here (%d of %d rows differ, max |dlogit| %.2g): "
-                    "outputs may differ from the target alone at near-ties", check.differing, check.rows,
-                    check.max_abs_diff)
+        log.warning("tree verification is NOT batch-invariant here (%s, max |dlogit| %.2g): outputs may differ "
+                    "from the target alone at near-ties", found.line(), found.check.max_abs_diff)
         return "tree"
-    log.warning("tree forwards are not batch-invariant in %s here (%d of %d rows differ, max |dlogit| %.2g): "
-                "verifying sequentially (exact, one target step per accepted token)", model.dtype,
-                check.differing, check.rows, check.max_abs_diff)
+    log.warning("tree forwards are not batch-invariant in %s here (%s, max |dlogit| %.2g): verifying "
+                "sequentially (exact, one target step per accepted token)", model.dtype, found.line(),
+                found.check.max_abs_diff)
     return "sequential"
 
 
@@ -103,7 +106,7 @@ def build_verifier(target: str, limits: Limits, *, threads: int = 1, dtype: str 
     (the single-process server and every Ray Serve replica are built here)."""
     log.info("loading target %s (%s, %d thread(s))", target, dtype, threads)
     model, tokenizer = load_target(target, dtype, threads, device)
-    mode = choose_verify_mode(model, verify)
+    mode = choose_verify_mode(model, verify, limits.max_nodes)
     points = startup_curve(model, mode)
     return VerifierServer(model, limits, token=token, batch_window_ms=batch_window_ms, max_batch=max_batch,
                           verify_mode=mode, flat_nodes=measured_flat_nodes(model, mode, points),

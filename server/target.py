@@ -41,6 +41,7 @@ from rapid.geometry import ROOT, node_positions, tree_depths
 from rapid.kvcache import StaticKV
 from rapid.modeling import Decoder
 from rapid.sampling import SamplingParams, pick_tokens
+from rapid.server import row_forward
 from rapid.server.chains import ChainJob, ChainResult, forward_chains, leaf_chains
 from rapid.server.chains import commit as chains_commit
 from rapid.server.scores import Scores, score_verdict
@@ -65,7 +66,7 @@ def min_rows(model: Decoder) -> int:
     half precision:  max(MIN_ROWS_HALF, ⌊4096 / min(in·out over every nn.Linear)⌋ + 1)
     otherwise:       1
     """
-    if model.dtype not in (torch.bfloat16, torch.float16):
+    if model.dtype not in (torch.bfloat16, torch.float16) or row_forward.enabled(model):
         return 1
     smallest = min(m.in_features * m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear))
     return max(MIN_ROWS_HALF, ONEDNN_MIN_WORK // smallest + 1)

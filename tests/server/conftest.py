@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -27,6 +29,26 @@ def real_shapes_bf16():
             p.fill_(1.0) if "norm" in name else p.normal_(0.0, 0.02)
     model.lm_head.weight = model.embed_tokens.weight
     return model.eval().requires_grad_(False)
+
+
+def random_bf16_decoder(cfg: DecoderConfig, seed: int, std: float) -> Decoder:
+    """A decoder of ``cfg``'s shapes with N(0, std) weights (norms N(1, std)), tied LM head, bf16."""
+    torch.manual_seed(seed)
+    with torch.device("meta"):
+        model = Decoder(cfg)
+    model = model.to_empty(device="cpu").to(torch.bfloat16)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(1.0, std) if "norm" in name else p.normal_(0.0, std)
+    model.lm_head.weight = model.embed_tokens.weight
+    return model.eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="session")
+def stress_model():
+    """The default target's layer shapes (2 of 28 layers) with a 4096-token vocabulary."""
+    return random_bf16_decoder(dataclasses.replace(DEFAULT_TARGET_SHAPES, vocab_size=4096, eos_token_ids=(0,)), 1,
+                               0.05)
 
 
 @pytest.fixture()

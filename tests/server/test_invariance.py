@@ -1,6 +1,8 @@
 """Batch invariance: every row of a tree forward is bitwise (np.array_equal on the logits) the
-one-token step of the same prefix — bf16 tiny models (property test), a real-shape layer stack
-of the default target, batches of sessions, and the real target where it is fetched."""
+one-token step of the same prefix — bf16 tiny models on the row-invariant kernels (property
+test), a real-shape layer stack of the default target, batches of sessions, the guards of the
+torch fallback (CUDA, float64), and the real target where it is fetched. The stress test is
+test_invariance_stress.py."""
 
 from __future__ import annotations
 
@@ -55,8 +57,18 @@ def test_batched_sessions_keep_every_row_invariant_bf16(bf16_tiny, batch):
     assert check.invariant, check
 
 
-def test_min_rows_keeps_every_linear_on_one_kernel(bf16_tiny, real_shapes_bf16):
-    """Half precision: never the GEMV path, and M·in·out above oneDNN's 4096 for every linear."""
+@pytest.fixture()
+def torch_path(monkeypatch):
+    """The torch forward (chains + probe), as a CUDA or float64 target runs it."""
+    monkeypatch.setenv("RAPID_ROW_KERNELS", "0")
+
+
+def test_the_row_kernels_need_no_dummy_rows(bf16_tiny, real_shapes_bf16):
+    assert target_mod.min_rows(bf16_tiny) == 1 and target_mod.min_rows(real_shapes_bf16) == 1
+
+
+def test_min_rows_keeps_every_linear_on_one_kernel(bf16_tiny, real_shapes_bf16, torch_path):
+    """Torch fallback, half precision: never the GEMV path, and M·in·out above oneDNN's 4096."""
     assert target_mod.min_rows(bf16_tiny) == 3  # smallest linear: 64 → 32 (2048 per row)
     assert target_mod.min_rows(real_shapes_bf16) == 2
     assert target_mod.min_rows(copy.deepcopy(bf16_tiny).float()) == 1
@@ -70,10 +82,10 @@ def test_default_target_layer_stack_is_invariant_in_bf16(real_shapes_bf16, threa
         check = probe(real_shapes_bf16)
     finally:
         torch.set_num_threads(before)
-    assert check.invariant and check.rows == 19, check
+    assert check.invariant and check.rows == 25, check
 
 
-def test_one_row_bf16_steps_would_break_it(real_shapes_bf16, monkeypatch):
+def test_one_row_bf16_steps_would_break_it(real_shapes_bf16, monkeypatch, torch_path):
     """The guard is needed: with one-row steps (the M = 1 GEMV path) rows differ on this CPU."""
     monkeypatch.setattr(target_mod, "MIN_ROWS_HALF", 1)
     check = probe(real_shapes_bf16)
@@ -107,12 +119,12 @@ def test_serve_picks_tree_where_invariant_and_sequential_elsewhere(bf16_tiny, ti
 
 
 @pytest.mark.realmodels
-def test_real_default_target_bf16_invariant_fp32_falls_back():
+def test_real_default_target_verifies_trees_in_bf16_and_fp32():
     from rapid import models
     from rapid.modeling import load_decoder
 
     if not models.is_converted(models.ALIASES["default-target"].folder):
         pytest.skip("default target not fetched (rapid models fetch)")
-    for dtype, want in ((torch.bfloat16, "tree"), (torch.float32, "sequential")):
+    for dtype in (torch.bfloat16, torch.float32):  # fp32 fell back to sequential before the row kernels
         model, _ = load_decoder("default-target", dtype)
-        assert choose_verify_mode(model) == want, dtype
+        assert choose_verify_mode(model) == "tree", dtype

@@ -1,0 +1,4 @@
+#include "rowops_impl.h"
+#include "rowops_table.h"
+
+ROWOPS_TABLE(avx512bf16)

@@ -1,0 +1,372 @@
+/*
+ * Row-invariant kernels of the target forward, written once and compiled per ISA
+ * (rowops_avx512.cpp, rowops_avx2.cpp, rowops_generic.cpp include this file with their own
+ * flags; rowops.cpp dispatches once per process, never per call).
+ *
+ * Why a row's result cannot depend on anything but the row's own inputs
+ * -----------------------------------------------------------------------
+ * Every output value is computed by one fixed sequence of floating-point operations that is a
+ * function of the problem's own sizes (K, head_dim, the row's key count) only:
+ *
+ *  - linear   y[m,n] = hsum(acc) (+ b[n]), acc = VW lanes, lane l accumulates x[m,k]*w[n,k]
+ *             for k = l, l+VW, l+2VW, ... in increasing k with one fused multiply-add each;
+ *             hsum is one fixed shuffle tree; K % VW leftovers are added after, in order.
+ *             Rows and columns are tiled (R x C accumulators share weight and x loads), but
+ *             each accumulator's instruction sequence is the same in every tile shape, so M
+ *             (rows), N tails and the tile a row lands in change which loads are shared, never
+ *             the arithmetic of one (m, n).
+ *  - rms_norm per row: ss = dot(x, x) as above, y = w * (x * (1 / sqrt(ss / K + eps))).
+ *  - rope     per element: x*cos - / + rot(x)*sin, two products and one add, unfused.
+ *  - attention per (row, head): the row's keys are listed explicitly — its session prefix
+ *             0..P-1, then its ancestors' new keys in depth order — exactly the keys, in the
+ *             same order, that a one-token step after committing those ancestors sees. No
+ *             padding key, no other row's key and no other session's key is ever read, so
+ *             there are no masked zeros whose count could regroup a sum. Scores by the dot
+ *             above, max, e_j = expf(s_j - max), Z = sum e_j in key order, out = (sum_j e_j v_j,
+ *             vector over head_dim, key order) / Z.
+ *  - silu_mul per element: g / (1 + expf(-g)) * u.
+ *
+ * The translation units are compiled with -ffp-contract=off and without -ffast-math, so the
+ * compiler neither fuses a multiply and an add on its own nor reassociates a sum; every fused
+ * multiply-add is an explicit intrinsic. No call is split across threads.
+ */
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#if defined(__AVX512BF16__)
+#define ROWOPS_DPBF16 1
+namespace rowops_avx512bf16 {
+#else
+namespace rowops_avx512 {
+#endif
+constexpr int VW = 16;
+using vf = __m512;
+static inline vf vzero() { return _mm512_setzero_ps(); }
+static inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
+static inline vf vload(const uint16_t* p) {  // bf16 -> fp32: exact (the bits shifted up)
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vf vset1(float x) { return _mm512_set1_ps(x); }
+static inline void vstore(float* p, vf v) { _mm512_storeu_ps(p, v); }
+static inline float vsum(vf v) {
+    __m256 lo = _mm512_castps512_ps256(v);
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    __m256 s8 = _mm256_add_ps(lo, hi);
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1));
+    return _mm_cvtss_f32(s4);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+namespace rowops_avx2 {
+constexpr int VW = 8;
+using vf = __m256;
+static inline vf vzero() { return _mm256_setzero_ps(); }
+static inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
+static inline vf vload(const uint16_t* p) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vf vset1(float x) { return _mm256_set1_ps(x); }
+static inline void vstore(float* p, vf v) { _mm256_storeu_ps(p, v); }
+static inline float vsum(vf v) {
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1));
+    return _mm_cvtss_f32(s4);
+}
+#else
+namespace rowops_generic {
+constexpr int VW = 8;
+struct vf { float v[VW]; };
+static inline vf vzero() { vf r; for (int i = 0; i < VW; ++i) r.v[i] = 0.0f; return r; }
+static inline float bf16f(uint16_t h) { uint32_t b = uint32_t(h) << 16; float f; std::memcpy(&f, &b, 4); return f; }
+static inline vf vload(const float* p) { vf r; for (int i = 0; i < VW; ++i) r.v[i] = p[i]; return r; }
+static inline vf vload(const uint16_t* p) { vf r; for (int i = 0; i < VW; ++i) r.v[i] = bf16f(p[i]); return r; }
+static inline vf vfma(vf a, vf b, vf c) {  // unfused: a product rounded, then a sum rounded
+    vf r; for (int i = 0; i < VW; ++i) { float t = a.v[i] * b.v[i]; r.v[i] = c.v[i] + t; } return r;
+}
+static inline vf vset1(float x) { vf r; for (int i = 0; i < VW; ++i) r.v[i] = x; return r; }
+static inline void vstore(float* p, vf v) { for (int i = 0; i < VW; ++i) p[i] = v.v[i]; }
+static inline float vsum(vf v) {  // the same pairwise tree as the SIMD paths
+    float a = (v.v[0] + v.v[4]) , b = (v.v[1] + v.v[5]), c = (v.v[2] + v.v[6]), d = (v.v[3] + v.v[7]);
+    float e = a + c, f = b + d;
+    return e + f;
+}
+#endif
+
+static inline float to_f(float x) { return x; }
+static inline float to_f(uint16_t h) { uint32_t b = uint32_t(h) << 16; float f; std::memcpy(&f, &b, 4); return f; }
+
+// dot(a[0:n], b[0:n]) in the fixed order of the file comment.
+template <typename T>
+static inline float dot(const float* a, const T* b, int64_t n) {
+    vf acc = vzero();
+    int64_t k = 0;
+    for (; k + VW <= n; k += VW) acc = vfma(vload(a + k), vload(b + k), acc);
+    float s = vsum(acc);
+    for (; k < n; ++k) { float t = a[k] * to_f(b[k]); s = s + t; }
+    return s;
+}
+
+// ---- linear over packed weights -------------------------------------------------------------
+// Packed layout (pack): column block nb holds columns nb*VW .. nb*VW+VW-1 (zero past N).
+//   fma kernels:    wp[nb][k][VW]        (fp32 or bf16 elements), K as is
+//   dpbf16 kernels: wp[nb][k/2][VW][2]   (bf16 pairs), K padded to even with zeros
+// Output (m, n) is lane n % VW of accumulator (m, n / VW): acc = fma(x[m][k], w[n][k], acc) for
+// k = 0, 1, ..., K-1 in order (dpbf16: one VDPBF16PS per k pair, pairs in order). A tile of R
+// rows x CB blocks only shares the loads of w and x between accumulators.
+
+template <typename W>
+static void pack(const W* w, int64_t N, int64_t K, W* out) {
+    const int64_t nbs = (N + VW - 1) / VW;
+    for (int64_t n = 0; n < nbs * VW; ++n) {
+        const int64_t nb = n / VW, l = n % VW;
+        for (int64_t k = 0; k < K; ++k) out[(nb * K + k) * VW + l] = n < N ? w[n * K + k] : W(0);
+    }
+}
+
+template <int R, int CB>
+static inline void store_tile(vf (&acc)[R][CB], const float* b, float* y, int64_t ldy, int64_t N, int64_t nb0) {
+    alignas(64) float tmp[VW];
+    for (int r = 0; r < R; ++r)
+        for (int cb = 0; cb < CB; ++cb) {
+            const int64_t n0 = (nb0 + cb) * VW;
+            vstore(tmp, acc[r][cb]);
+            const int64_t valid = N - n0 < VW ? N - n0 : VW;
+            for (int64_t l = 0; l < valid; ++l) y[r * ldy + n0 + l] = b ? tmp[l] + b[n0 + l] : tmp[l];
+        }
+}
+
+template <typename W, int R, int CB>
+static void fma_tile(const float* x, int64_t ldx, const W* wp, int64_t K, const float* b, float* y, int64_t ldy,
+                     int64_t N, int64_t nb0) {
+    vf acc[R][CB];
+    for (int r = 0; r < R; ++r)
+        for (int cb = 0; cb < CB; ++cb) acc[r][cb] = vzero();
+    for (int64_t k = 0; k < K; ++k) {
+        vf wv[CB];
+#pragma GCC unroll 4
+        for (int cb = 0; cb < CB; ++cb) wv[cb] = vload(wp + ((nb0 + cb) * K + k) * VW);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+            vf xb = vset1(x[r * ldx + k]);
+#pragma GCC unroll 4
+            for (int cb = 0; cb < CB; ++cb) acc[r][cb] = vfma(xb, wv[cb], acc[r][cb]);
+        }
+    }
+    store_tile<R, CB>(acc, b, y, ldy, N, nb0);
+}
+
+#ifndef ROWOPS_TILE_R  // rows x column blocks of accumulators: 24 of 32 zmm, 12 of 16 ymm
+#if defined(__AVX512F__)
+#define ROWOPS_TILE_R 8
+#define ROWOPS_TILE_CB 3
+#else
+#define ROWOPS_TILE_R 4
+#define ROWOPS_TILE_CB 3
+#endif
+#endif
+constexpr int TILE_R = ROWOPS_TILE_R;
+constexpr int TILE_CB = ROWOPS_TILE_CB;
+
+// f(std::integral_constant<int, rem>) for a remainder 1 <= rem <= R (templates need constants).
+template <int R, typename F>
+static inline void with_const(int64_t rem, F&& f) {
+    if constexpr (R > 0) {
+        if (rem == R) f(std::integral_constant<int, R>{});
+        else with_const<R - 1>(rem, f);
+    }
+}
+
+template <typename W, int CB>
+static void fma_rows(const float* x, int64_t M, int64_t K, const W* wp, const float* b, float* y, int64_t N,
+                     int64_t nb0) {
+    int64_t m = 0;
+    for (; m + TILE_R <= M; m += TILE_R) fma_tile<W, TILE_R, CB>(x + m * K, K, wp, K, b, y + m * N, N, N, nb0);
+    with_const<TILE_R - 1>(M - m, [&](auto r) {
+        fma_tile<W, decltype(r)::value, CB>(x + m * K, K, wp, K, b, y + m * N, N, N, nb0);
+    });
+}
+
+// y[M, N] columns of blocks [nb_begin, nb_end) = x[M, K] w^T (+ b), w packed by pack().
+template <typename W>
+static void linear_fma(const float* x, int64_t M, int64_t K, const W* wp, int64_t N, const float* b, float* y,
+                       int64_t nb_begin, int64_t nb_end) {
+    int64_t nb = nb_begin;
+    for (; nb + TILE_CB <= nb_end; nb += TILE_CB) fma_rows<W, TILE_CB>(x, M, K, wp, b, y, N, nb);
+    with_const<TILE_CB - 1>(nb_end - nb, [&](auto c) { fma_rows<W, decltype(c)::value>(x, M, K, wp, b, y, N, nb); });
+}
+
+#if defined(ROWOPS_DPBF16)
+// bf16 weights with VDPBF16PS: x rounded to bf16 (round to nearest even) once per row.
+static void pack_dp(const uint16_t* w, int64_t N, int64_t K, uint16_t* out) {
+    const int64_t nbs = (N + VW - 1) / VW, kp = (K + 1) / 2;
+    for (int64_t n = 0; n < nbs * VW; ++n) {
+        const int64_t nb = n / VW, l = n % VW;
+        for (int64_t k = 0; k < 2 * kp; ++k)
+            out[((nb * kp + k / 2) * VW + l) * 2 + k % 2] = n < N && k < K ? w[n * K + k] : uint16_t(0);
+    }
+}
+
+template <int R, int CB>
+static void dp_tile(const uint16_t* xb, int64_t ldx, const uint16_t* wp, int64_t kp, const float* b, float* y,
+                    int64_t ldy, int64_t N, int64_t nb0) {
+    vf acc[R][CB];
+    for (int r = 0; r < R; ++r)
+        for (int cb = 0; cb < CB; ++cb) acc[r][cb] = vzero();
+    for (int64_t p = 0; p < kp; ++p) {
+        __m512i wv[CB];
+#pragma GCC unroll 4
+        for (int cb = 0; cb < CB; ++cb)
+            wv[cb] = _mm512_loadu_si512(reinterpret_cast<const void*>(wp + ((nb0 + cb) * kp + p) * VW * 2));
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+            int32_t pair;
+            std::memcpy(&pair, xb + r * ldx + 2 * p, 4);
+            __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+#pragma GCC unroll 4
+            for (int cb = 0; cb < CB; ++cb) acc[r][cb] = _mm512_dpbf16_ps(acc[r][cb], xv, (__m512bh)wv[cb]);
+        }
+    }
+    store_tile<R, CB>(acc, b, y, ldy, N, nb0);
+}
+
+static inline uint16_t bf16_rne(float f) {  // what VCVTNEPS2BF16 does for finite values
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return uint16_t((u >> 16) | ((u & 0xffffu) ? 0x40u : 0u));
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return uint16_t(u >> 16);
+}
+
+template <int CB>
+static void dp_rows(const uint16_t* xb, int64_t M, int64_t kp, const uint16_t* wp, const float* b, float* y,
+                    int64_t N, int64_t nb0) {
+    const int64_t ldx = 2 * kp;
+    int64_t m = 0;
+    for (; m + TILE_R <= M; m += TILE_R) dp_tile<TILE_R, CB>(xb + m * ldx, ldx, wp, kp, b, y + m * N, N, N, nb0);
+    with_const<TILE_R - 1>(M - m, [&](auto r) {
+        dp_tile<decltype(r)::value, CB>(xb + m * ldx, ldx, wp, kp, b, y + m * N, N, N, nb0);
+    });
+}
+
+static void linear_dp(const float* x, int64_t M, int64_t K, const uint16_t* wp, int64_t N, const float* b, float* y,
+                      int64_t nb_begin, int64_t nb_end) {
+    const int64_t kp = (K + 1) / 2;
+    std::vector<uint16_t> xb(size_t(M * 2 * kp), 0);
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t k = 0; k < K; ++k) xb[m * 2 * kp + k] = bf16_rne(x[m * K + k]);
+    int64_t nb = nb_begin;
+    for (; nb + TILE_CB <= nb_end; nb += TILE_CB) dp_rows<TILE_CB>(xb.data(), M, kp, wp, b, y, N, nb);
+    with_const<TILE_CB - 1>(nb_end - nb, [&](auto c) { dp_rows<decltype(c)::value>(xb.data(), M, kp, wp, b, y, N, nb); });
+}
+
+static int64_t packed_size_bf16(int64_t N, int64_t K) { return (N + VW - 1) / VW * VW * ((K + 1) / 2) * 2; }
+static void pack_bf16(const uint16_t* w, int64_t N, int64_t K, uint16_t* out) { pack_dp(w, N, K, out); }
+static void linear_bf16(const float* x, int64_t M, int64_t K, const uint16_t* wp, int64_t N, const float* b, float* y,
+                        int64_t nb0, int64_t nb1) { linear_dp(x, M, K, wp, N, b, y, nb0, nb1); }
+#else
+static int64_t packed_size_bf16(int64_t N, int64_t K) { return (N + VW - 1) / VW * VW * K; }
+static void pack_bf16(const uint16_t* w, int64_t N, int64_t K, uint16_t* out) { pack<uint16_t>(w, N, K, out); }
+static void linear_bf16(const float* x, int64_t M, int64_t K, const uint16_t* wp, int64_t N, const float* b, float* y,
+                        int64_t nb0, int64_t nb1) { linear_fma<uint16_t>(x, M, K, wp, N, b, y, nb0, nb1); }
+#endif
+static int64_t packed_size_f32(int64_t N, int64_t K) { return (N + VW - 1) / VW * VW * K; }
+static void pack_f32(const float* w, int64_t N, int64_t K, float* out) { pack<float>(w, N, K, out); }
+static void linear_f32(const float* x, int64_t M, int64_t K, const float* wp, int64_t N, const float* b, float* y,
+                       int64_t nb0, int64_t nb1) { linear_fma<float>(x, M, K, wp, N, b, y, nb0, nb1); }
+static int64_t block_width() { return VW; }
+
+// y[m] = w * (x[m] * (1 / sqrt(dot(x[m], x[m]) / K + eps))) for rows [0, M).
+template <typename W>
+static void rms_norm(const float* x, int64_t M, int64_t K, const W* w, float eps, float* y) {
+    for (int64_t m = 0; m < M; ++m) {
+        const float* xr = x + m * K;
+        float ss = dot(xr, xr, K);
+        float inv = 1.0f / std::sqrt(ss / float(K) + eps);
+        for (int64_t k = 0; k < K; ++k) { float h = xr[k] * inv; y[m * K + k] = to_f(w[k]) * h; }
+    }
+}
+
+// HF rotate_half rope in place on x[U, H, d] with cos/sin [U, d] (fp32).
+static void rope(float* x, int64_t U, int64_t H, int64_t d, const float* cos, const float* sin) {
+    const int64_t half = d / 2;
+    std::vector<float> rot(d);
+    for (int64_t u = 0; u < U; ++u)
+        for (int64_t h = 0; h < H; ++h) {
+            float* v = x + (u * H + h) * d;
+            const float* c = cos + u * d;
+            const float* s = sin + u * d;
+            for (int64_t i = 0; i < half; ++i) { rot[i] = -v[half + i]; rot[half + i] = v[i]; }
+            for (int64_t i = 0; i < d; ++i) { float a = v[i] * c[i]; float b = rot[i] * s[i]; v[i] = a + b; }
+        }
+}
+
+// y = silu(g) * u elementwise over rows [0, M) of width N.
+static void silu_mul(const float* g, const float* u, int64_t M, int64_t N, float* y) {
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t i = 0; i < N; ++i) {
+            float gv = g[m * N + i];
+            float sg = gv / (1.0f + std::exp(-gv));
+            y[m * N + i] = sg * u[m * N + i];
+        }
+}
+
+// Attention of rows [0, U) (see the file comment). q/out [U, H, d] fp32; a row u sees
+// prefix keys 0..plen[u]-1 of its session (head g at pk[u] + g*pstride[u] + j*d) then the new
+// keys nk + g*nstride + aidx[a]*d for a in [aoff[u], aoff[u+1]).
+template <typename T>
+static void attention(const float* q, float* out, int64_t U, int64_t H, int64_t KVH, int64_t d, float scale,
+                      const int64_t* pk, const int64_t* pv, const int64_t* plen, const int64_t* pstride,
+                      const T* nk, const T* nv, int64_t nstride, const int64_t* aoff, const int64_t* aidx) {
+    const int64_t group = H / KVH;
+    std::vector<float> s;
+    std::vector<float> acc(d);
+    for (int64_t u = 0; u < U; ++u) {
+        const int64_t P = plen[u], A = aoff[u + 1] - aoff[u];
+        s.resize(size_t(P + A));
+        for (int64_t h = 0; h < H; ++h) {
+            const int64_t g = h / group;
+            const float* qv = q + (u * H + h) * d;
+            const T* kp = reinterpret_cast<const T*>(pk[u]) + g * pstride[u];
+            const T* vp = reinterpret_cast<const T*>(pv[u]) + g * pstride[u];
+            const T* kn = nk + g * nstride;
+            const T* vn = nv + g * nstride;
+            for (int64_t j = 0; j < P; ++j) s[j] = dot(qv, kp + j * d, d) * scale;
+            for (int64_t a = 0; a < A; ++a) s[P + a] = dot(qv, kn + aidx[aoff[u] + a] * d, d) * scale;
+            float mx = s[0];
+            for (int64_t j = 1; j < P + A; ++j) mx = s[j] > mx ? s[j] : mx;
+            float z = 0.0f;
+            for (int64_t j = 0; j < P + A; ++j) { s[j] = std::exp(s[j] - mx); z = z + s[j]; }
+            int64_t i0 = 0;
+            for (; i0 + VW <= d; i0 += VW) {
+                vf o = vzero();
+                for (int64_t j = 0; j < P; ++j) o = vfma(vset1(s[j]), vload(vp + j * d + i0), o);
+                for (int64_t a = 0; a < A; ++a) o = vfma(vset1(s[P + a]), vload(vn + aidx[aoff[u] + a] * d + i0), o);
+                vstore(acc.data() + i0, o);
+            }
+            for (int64_t i = i0; i < d; ++i) {
+                float o = 0.0f;
+                for (int64_t j = 0; j < P; ++j) { float t = s[j] * to_f(vp[j * d + i]); o = o + t; }
+                for (int64_t a = 0; a < A; ++a) { float t = s[P + a] * to_f(vn[aidx[aoff[u] + a] * d + i]); o = o + t; }
+                acc[i] = o;
+            }
+            float* ov = out + (u * H + h) * d;
+            for (int64_t i = 0; i < d; ++i) ov[i] = acc[i] / z;
+        }
+    }
+}
+
+}  // namespace
