@@ -22,6 +22,7 @@ import sys
 from rapid.errors import RapidError
 from rapid.export.export_cli import add_quantize_arguments
 from rapid.logsafe import LOG_FORMATS, setup_logging
+from rapid.precision import DTYPES
 from rapid.runtime.args import (
     BACKENDS,
     HelpFormatter,
@@ -60,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8765)
     s.add_argument("--threads", type=int, default=1)
-    s.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float64"],
+    s.add_argument("--dtype", default="auto", choices=DTYPES,
                    help="auto = bfloat16 where the CPU/GPU computes it natively, else float32")
     s.add_argument("--verify", default="auto", choices=["auto", "tree", "sequential"],
                    help="auto = one forward per tree where measured batch-invariant, else sequential (exact)")
@@ -100,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--tiny", action="store_true", help="use tiny random models (no download; for a quick check)")
     d.add_argument("--engine", default="auto", choices=BACKENDS, help="draft backend (auto: onnx for an export folder)")
     d.add_argument("--num-prompts", type=int, default=3, help="how many built-in prompts to run")
+    d.add_argument("--dtype", default="auto", choices=DTYPES,
+                   help="the cloud target's dtype (auto: bfloat16 where the CPU has native bf16, else float32)")
     add_tree_args(d)
     d.set_defaults(max_tokens=48)
 

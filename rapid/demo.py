@@ -52,7 +52,7 @@ def run_demo(args) -> int:
     where = f"edge on core {min(cores[0])}, cloud on core {min(cores[1])}" if cores else "one core: edge and cloud share it"
     print(f"starting the cloud verifier ({target}) on ws://127.0.0.1:{port} ({where}) … log: {log_path}",
           file=sys.stderr)
-    proc = start_server(target, port, ["--threads", str(args.threads)], log_path=log_path,
+    proc = start_server(target, port, ["--threads", str(args.threads), "--dtype", args.dtype], log_path=log_path,
                         cpus=cores[1] if cores else None)
     url = f"ws://127.0.0.1:{port}"
     try:

@@ -164,18 +164,43 @@ def batched_on_gpu(tgt_gpu, tgt_cpu, drf_dir: str) -> bool:
 
 
 def bf16_invariance(tgt_dir: str) -> None:
-    """5. Is a bf16 tree forward on this GPU bitwise a one-token step (what --verify auto measures)?
-    Reported, not required: where it is not, rapid serve verifies sequentially."""
+    """5. Tree rows vs one-token steps on the GPU (the torch forward: the row-invariant kernels are
+    CPU-only, so a CUDA target's verify mode is measured, not constructed). Reported, not
+    required: where rows differ, ``rapid serve --verify auto`` verifies sequentially.
+
+    - the stress of tests/server/test_invariance_stress.py at the default target's layer shapes
+      (2 layers, 4096-token vocabulary): rows compared / differing, bf16 and fp32;
+    - ``thorough_probe`` (what ``rapid serve`` runs at start-up on a CUDA target) on the tiny target;
+    - the verify curve of the layer stack on the GPU.
+    """
     from transformers import AutoModelForCausalLM
 
-    from rapid.modeling import Decoder
-    from rapid.server.invariance import probe
+    from rapid.modeling import Decoder, DecoderConfig
+    from rapid.server.invariance import thorough_probe
+    from rapid.server.invariance_stress import stress
+    from rapid.server.verify_curve import curve_line, measure_curve
 
-    model = Decoder.from_hf(AutoModelForCausalLM.from_pretrained(tgt_dir, dtype=torch.float32))
+    shapes = DecoderConfig("qwen2", 4096, 1536, 2, 12, 2, 128, 8960, 1e-6, 1e6, True, False, False, True, 32768, (0,))
+    torch.manual_seed(1)
+    with torch.device("meta"):
+        stack = Decoder(shapes)
+    stack = stack.to_empty(device="cuda")
+    with torch.no_grad():
+        for name, p in stack.named_parameters():
+            p.normal_(1.0, 0.05) if "norm" in name else p.normal_(0.0, 0.05)
+    stack.lm_head.weight = stack.embed_tokens.weight
+    stack = stack.eval().requires_grad_(False)
+    tiny = Decoder.from_hf(AutoModelForCausalLM.from_pretrained(tgt_dir, dtype=torch.float32))
     for dtype in (torch.bfloat16, torch.float32):
-        check = probe(model.to(device="cuda", dtype=dtype))
-        print(f"- batch invariance on the GPU, {dtype}: {'bitwise, tree mode' if check.invariant else 'NOT invariant'}"
-              f" ({check.differing}/{check.rows} rows differ, max |dlogit| {check.max_abs_diff:.3g})")
+        model = stack.to(dtype)
+        t0 = time.perf_counter()
+        check = stress(model, 2000, seed=0, budget=64)
+        print(f"- stress on the GPU, {dtype}, default target's layer shapes: {check.rows} rows compared, "
+              f"{check.differing} differ (max |dlogit| {check.max_abs_diff:.3g}), {time.perf_counter() - t0:.0f} s")
+        print(f"- verify curve on the GPU, {dtype}, 2-layer stack: {curve_line(measure_curve(model))}")
+        probe = thorough_probe(tiny.to(device="cuda", dtype=dtype), 64)
+        print(f"- start-up thorough_probe, tiny target, {dtype}: {probe.rows} rows, {probe.differing} differ "
+              f"-> rapid serve would verify {'trees' if probe.invariant else 'sequentially'}")
 
 
 if __name__ == "__main__":
