@@ -208,11 +208,15 @@ class Coordinator:
         t_begin = self.clock()
         try:
             d = self.drafter
+            d.start(prompt, sampling)  # under sampling the drafter couples to the target's noise
+            warm = self._spawn(d.prefill) if self.policy.drafting else None  # while the cloud prefills
             ready = await self.link.open(Hello(list(prompt), sampling.temperature, sampling.top_p, sampling.top_k,
                                                sampling.seed, max_nodes=d.params.budget, logprobs=logprobs))
             max_new = self._check_cloud(ready, prompt, max_new, fit_cloud)
             self.controller.observe_cloud(ready.curve_nodes, [us / 1e6 for us in ready.curve_us],
                                           d.params.budget, d.params.width)
+            if warm is not None:
+                await asyncio.shield(warm)
             out, records, stopped, scores = await self._rounds(prompt, max_new, sampling, on_tokens, on_scores)
         finally:
             try:
@@ -228,7 +232,6 @@ class Coordinator:
         """The rounds; returns (tokens, records, stopped, scores)."""
         d, p = self.drafter, self.policy
         stop_ids = d.stop_ids
-        d.start(prompt, sampling)  # under sampling the drafter couples to the target's noise
         self.controller.new_request()
         out: list[int] = []
         scores: list[TokenScore] = []

@@ -47,7 +47,7 @@ class StepTimeoutError(RapidError):
 class StepRecord:
     tokens: int  # T fed in this step
     seconds: float
-    phase: str  # "draft" | "leaf" | "branch"
+    phase: str  # "draft" | "leaf" | "branch" | "prefill"
 
 
 @dataclass(slots=True)
@@ -139,6 +139,20 @@ class Drafter:
             self.tree.slot[i] = kv + r
             self.tree.set_best(i, best[r])
         return rec
+
+    def prefill(self) -> StepRecord | None:
+        """Feed the pending tokens but the last (the root's step feeds that one), before the first
+        tree: the coordinator runs it while the cloud prefills the same prompt. None: nothing to do."""
+        if self.levels or len(self.pending) < 2:
+            return None
+        n = len(self.pending) - 1
+        kv = self.engine.kv_len
+        t0 = self.clock()
+        self._until_ready(self.engine.step(self.pending[:n], list(range(self.prefix_len, self.prefix_len + n)),
+                                           causal_allowed(kv, n)))
+        self.prefix_len += n
+        self.pending = self.pending[n:]
+        return StepRecord(n, self.clock() - t0, "prefill")
 
     def step(self, under: int | None = None, phase: str = "draft") -> StepRecord | None:
         """One expansion step of the active tree (or of the branch below node ``under``)."""

@@ -1,6 +1,11 @@
 """Tree verification as root-to-leaf chains: every row bitwise a one-token step, every node
 computed once.
 
+On the CPU, ``forward_chains`` runs ``rapid.server.row_forward`` (kernels invariant by
+construction: each row attends its own key list, so no chain layout is needed there). What
+follows is the torch forward, used where those kernels do not run (a CUDA target, float64, no
+native library), whose invariance ``rapid.server.invariance.thorough_probe`` measures.
+
 A tree forward with an ancestor mask leaves *holes* in a row's keys: node 5 of
 ``parents = [-1, 0, 0, 1, 2, 3]`` sees the prefix, the root and nodes 0, 1, 3 but not 2 and 4,
 which sit between them. The one-token step of the same prefix sees those keys contiguously.

@@ -14,16 +14,18 @@ token (``rapid.server.scores``: its log-probability and top k, from the very row
 into ``last_scores``, read with the verdict. An empty tree is one step of plain autoregressive decoding, which is
 what ``reference_decode`` (the target alone) runs.
 
-That equality also needs M-invariant GEMMs, which ``rapid.server.invariance`` measures on the
-loaded target; a session verifies in one of two modes:
+That equality holds by construction on the CPU (``rapid.server.row_forward``: every kernel's
+result for a row depends on that row alone); on the torch forward (CUDA, float64) it needs
+M-invariant GEMMs, which ``rapid.server.invariance.thorough_probe`` measures on the loaded
+target. A session verifies in one of two modes:
 
-- ``tree``: one forward per tree. In half precision every chain computes at least ``min_rows``
+- ``tree``: one forward per tree. On the torch forward in half precision every chain computes at least ``min_rows``
   rows (a one-token step gets masked dummy rows) so that every ``F.linear`` of every forward
   takes one kernel: on x86 CPUs the M = 1 (GEMV) path of bf16 ``F.linear`` rounds differently
   from M ≥ 2, and ATen hands a bf16 GEMM to oneDNN only above M·in·out = 4096 (BLAS below),
   which rounds differently on rare ties (measured on a tiny model's 64→32 ``v_proj``: M = 2 and
   M = 3 differed in one output). For real models (in·out ≥ 2¹⁶) that is 2 rows.
-- ``sequential``: the fallback where rows are not invariant (fp32 on MKL): walk the tree one
+- ``sequential``: the fallback where rows are not shown invariant: walk the tree one
   one-token forward per accepted level. Each forward is exactly a target-alone step, so the
   output is identical by construction; it saves round trips, not target time.
 """

@@ -150,7 +150,7 @@ static inline void store_tile(vf (&acc)[R][CB], const float* b, float* y, int64_
 }
 
 template <typename W, int R, int CB>
-static void fma_tile(const float* x, int64_t ldx, const W* wp, int64_t K, const float* b, float* y, int64_t ldy,
+__attribute__((noinline)) static void fma_tile(const float* x, int64_t ldx, const W* wp, int64_t K, const float* b, float* y, int64_t ldy,
                      int64_t N, int64_t nb0) {
     vf acc[R][CB];
     for (int r = 0; r < R; ++r)
@@ -221,7 +221,7 @@ static void pack_dp(const uint16_t* w, int64_t N, int64_t K, uint16_t* out) {
 }
 
 template <int R, int CB>
-static void dp_tile(const uint16_t* xb, int64_t ldx, const uint16_t* wp, int64_t kp, const float* b, float* y,
+__attribute__((noinline)) static void dp_tile(const uint16_t* xb, int64_t ldx, const uint16_t* wp, int64_t kp, const float* b, float* y,
                     int64_t ldy, int64_t N, int64_t nb0) {
     vf acc[R][CB];
     for (int r = 0; r < R; ++r)
