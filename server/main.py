@@ -9,6 +9,7 @@ import socket
 
 from rapid.auth import load_token, server_ssl_context
 from rapid.errors import RapidError
+from rapid.server import row_forward, rowops
 from rapid.server.app import VerifierServer, serve_forever
 from rapid.server.invariance import check_invariance
 from rapid.server.sessions import Limits
@@ -53,7 +54,12 @@ def load_target(spec: str, dtype: str = "auto", threads: int = 1, device: str = 
     log.info("target on %s, dtype %s (%s)", dev, choice.dtype, choice.reason)
     torch.set_num_threads(threads)
     model, tokenizer = load_decoder(spec, getattr(torch, choice.dtype))
-    return model.to(dev), tokenizer
+    model = model.to(dev)
+    if row_forward.enabled(model):
+        freed = row_forward.release_unpacked(model)
+        log.info("weights packed for the row-invariant kernels (%s); %.2f GB of unpacked copies released",
+                 rowops.info().isa, freed / 1e9)
+    return model, tokenizer
 
 
 def choose_verify_mode(model, requested: str = "auto", budget: int = 64) -> str:

@@ -80,6 +80,8 @@ class NewKV:
 def enabled(model: Decoder) -> bool:
     """Whether ``model`` runs on the row-invariant kernels: a CPU model in float32 or bfloat16
     with ``librapid_rowops`` built, unless ``$RAPID_ROW_KERNELS=0``."""
+    if getattr(model, "_rapid_rows_only", False):  # its unpacked weights were released
+        return True
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return False
     w = model.embed_tokens.weight
@@ -104,12 +106,31 @@ def row_weights(model: Decoder) -> RowWeights:
     """The packed weights of ``model`` for the current ISA (packed once, kept on the model)."""
     isa = rowops.info().isa
     cached = getattr(model, "_rapid_row_weights", None)
+    if cached is not None and cached.isa != isa and getattr(model, "_rapid_rows_only", False):
+        raise rowops.RowOpsArgumentError(f"the target's weights were packed for {cached.isa} and their unpacked "
+                                         f"copies released: cannot run {isa}")
     if cached is None or cached.isa != isa:
         with torch.inference_mode():
             cached = RowWeights(isa, [_layer_weights(layer) for layer in model.layers], _f32(model.norm.weight),
                                 rowops.pack(model.lm_head.weight.detach()))
         model._rapid_row_weights = cached
     return cached
+
+
+def release_unpacked(model: Decoder) -> int:
+    """Pack ``model`` for the row kernels, then drop the unpacked copy of every projection and of
+    an untied LM head (the embedding stays: rows gather from it), so a served target holds its
+    weights once. The model then runs only on the row kernels. Returns the bytes released."""
+    row_weights(model)
+    freed = 0
+    linears = [m for layer in model.layers for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+    if model.lm_head.weight is not model.embed_tokens.weight:
+        linears.append(model.lm_head)
+    for lin in linears:
+        freed += lin.weight.numel() * lin.weight.element_size()
+        lin.weight = torch.nn.Parameter(lin.weight.new_empty(0), requires_grad=False)
+    model._rapid_rows_only = True
+    return freed
 
 
 def _proj(h: torch.Tensor, lw: LayerWeights, name: str, threads: int) -> torch.Tensor:
