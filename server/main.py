@@ -72,6 +72,9 @@ def choose_verify_mode(model, requested: str = "auto", budget: int = 64) -> str:
     found not invariant is logged: outputs may then differ at near-ties)."""
     if requested == "sequential":
         return requested
+    if not row_forward.enabled(model):
+        log.info("measuring tree invariance of the torch forward (row counts 1..%d after 3 prefixes, a batch "
+                 "of 3): about %d forwards", budget + 1, 3 * 2 * (budget + 1) + 3 * budget)
     found = check_invariance(model, budget)
     if found.check.invariant:
         log.info("verify mode tree: %s", found.line())
