@@ -16,6 +16,7 @@ namespace {
 
 bool runs(const char* isa) {
 #if defined(ROWOPS_X86)
+    __builtin_cpu_init();  // g_ops is picked by a static initializer, maybe before libgcc's own
     if (!std::strcmp(isa, "avx512bf16")) return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
     if (!std::strcmp(isa, "avx512")) return __builtin_cpu_supports("avx512f");
     if (!std::strcmp(isa, "avx2")) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
