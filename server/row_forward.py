@@ -64,6 +64,7 @@ class LayerWeights:
 @dataclass(slots=True)
 class RowWeights:
     isa: str  # the kernels' ISA the weights were packed for
+    source: tuple  # (dtype, storage addresses) of the weights packed: a model.to(...) repacks
     layers: list[LayerWeights]
     norm: torch.Tensor  # [hidden] float32
     lm_head: PackedWeight
@@ -102,17 +103,25 @@ def _layer_weights(layer) -> LayerWeights:
                         **packed)
 
 
+def _source(model: Decoder) -> tuple:
+    return (model.dtype, model.embed_tokens.weight.data_ptr(), model.lm_head.weight.data_ptr(),
+            model.layers[0].mlp.down_proj.weight.data_ptr())
+
+
 def row_weights(model: Decoder) -> RowWeights:
     """The packed weights of ``model`` for the current ISA (packed once, kept on the model)."""
     isa = rowops.info().isa
     cached = getattr(model, "_rapid_row_weights", None)
-    if cached is not None and cached.isa != isa and getattr(model, "_rapid_rows_only", False):
-        raise rowops.RowOpsArgumentError(f"the target's weights were packed for {cached.isa} and their unpacked "
-                                         f"copies released: cannot run {isa}")
-    if cached is None or cached.isa != isa:
+    if getattr(model, "_rapid_rows_only", False):
+        if cached.isa != isa:
+            raise rowops.RowOpsArgumentError(f"the target's weights were packed for {cached.isa} and their "
+                                             f"unpacked copies released: cannot run {isa}")
+        return cached
+    source = _source(model)
+    if cached is None or cached.isa != isa or cached.source != source:
         with torch.inference_mode():
-            cached = RowWeights(isa, [_layer_weights(layer) for layer in model.layers], _f32(model.norm.weight),
-                                rowops.pack(model.lm_head.weight.detach()))
+            cached = RowWeights(isa, source, [_layer_weights(layer) for layer in model.layers],
+                                _f32(model.norm.weight), rowops.pack(model.lm_head.weight.detach()))
         model._rapid_row_weights = cached
     return cached
 

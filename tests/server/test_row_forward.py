@@ -70,3 +70,14 @@ def test_release_unpacked_keeps_the_output_and_frees_the_copies(cpu_target, monk
                 reference_decode(model, [5, 6, 7, 8], 2, SamplingParams())
         finally:
             rowops.select(default)
+
+
+def test_a_model_converted_to_another_dtype_is_packed_again(tiny_dir):
+    path = tiny_dir("target32", seed=0)
+    model = Decoder.from_hf(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)).to(torch.bfloat16)
+    assert row_forward.row_weights(model).layers[0].q.code == 1
+    model = model.float()
+    assert row_forward.row_weights(model).layers[0].q.code == 0
+    fp32 = Decoder.from_hf(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)).to(torch.bfloat16).float()
+    assert reference_decode(model, [5, 6, 7, 8], 12, SamplingParams()) == reference_decode(fp32, [5, 6, 7, 8], 12,
+                                                                                          SamplingParams())
