@@ -1,6 +1,6 @@
 /*
  * Row-invariant kernels of the target forward, written once and compiled per ISA
- * (rowops_avx512.cpp, rowops_avx2.cpp, rowops_generic.cpp include this file with their own
+ * (rowops_avx512bf16.cpp, rowops_avx512.cpp, rowops_avx2.cpp, rowops_generic.cpp include it with their own
  * flags; rowops.cpp dispatches once per process, never per call).
  *
  * Why a row's result cannot depend on anything but the row's own inputs
@@ -8,14 +8,17 @@
  * Every output value is computed by one fixed sequence of floating-point operations that is a
  * function of the problem's own sizes (K, head_dim, the row's key count) only:
  *
- *  - linear   y[m,n] = hsum(acc) (+ b[n]), acc = VW lanes, lane l accumulates x[m,k]*w[n,k]
- *             for k = l, l+VW, l+2VW, ... in increasing k with one fused multiply-add each;
- *             hsum is one fixed shuffle tree; K % VW leftovers are added after, in order.
- *             Rows and columns are tiled (R x C accumulators share weight and x loads), but
- *             each accumulator's instruction sequence is the same in every tile shape, so M
- *             (rows), N tails and the tile a row lands in change which loads are shared, never
- *             the arithmetic of one (m, n).
- *  - rms_norm per row: ss = dot(x, x) as above, y = w * (x * (1 / sqrt(ss / K + eps))).
+ *  - dot      (rms_norm, attention scores): VW lanes, lane l accumulates a[k]*b[k] for
+ *             k = l, l+VW, ... in increasing k with one fused multiply-add each, then one fixed
+ *             shuffle tree; K % VW leftovers are added after, in order.
+ *  - linear   y[m,n] = acc(m,n) (+ b[n]): one accumulator per output, acc = fma(x[m,k], w[n,k],
+ *             acc) for k = 0 .. K-1 in order (avx512bf16: one VDPBF16PS per k pair, pairs in
+ *             order, x rounded to bf16 once). Weights are packed in VW-column blocks; a tile of
+ *             R rows x CB blocks shares the loads of w and x between accumulators, but each
+ *             accumulator's instruction sequence is the same in every tile shape, so M (rows),
+ *             N tails, the tile a row lands in and the thread that owns a column block change
+ *             which loads are shared, never the arithmetic of one (m, n).
+ *  - rms_norm per row: ss = dot(x, x), y = w * (x * (1 / sqrt(ss / K + eps))).
  *  - rope     per element: x*cos - / + rot(x)*sin, two products and one add, unfused.
  *  - attention per (row, head): the row's keys are listed explicitly — its session prefix
  *             0..P-1, then its ancestors' new keys in depth order — exactly the keys, in the
@@ -28,7 +31,7 @@
  *
  * The translation units are compiled with -ffp-contract=off and without -ffast-math, so the
  * compiler neither fuses a multiply and an add on its own nor reassociates a sum; every fused
- * multiply-add is an explicit intrinsic. No call is split across threads.
+ * multiply-add is an explicit intrinsic. Only linear is split across threads (by column block).
  */
 #pragma once
 
