@@ -26,8 +26,11 @@ TOKEN = "edge-test-token"
 class Daemon:
     def __init__(self, service: EdgeService, defaults: RequestDefaults | None = None, api_key: str | None = None) -> None:
         self.port = free_port()
+        # keep-alive past any pause between a module's tests: with uvicorn's 5 s, a client with
+        # max_retries=0 could send on a connection the server was closing ("Server disconnected
+        # without sending a response": seen once in a full run under the AVX2 kernels)
         self.server = uvicorn.Server(uvicorn.Config(create_app(service, defaults, api_key), host="127.0.0.1", port=self.port,
-                                                    log_level="warning"))
+                                                    log_level="warning", timeout_keep_alive=300))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         t0 = time.time()
