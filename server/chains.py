@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
+import numpy as np
 import torch
 
 from rapid.kvcache import StaticKV
@@ -138,27 +139,30 @@ def _layout(jobs: Sequence[ChainJob], min_rows: int) -> tuple[list[int], list[tu
 
 def row_keys(jobs: Sequence[ChainJob]) -> RowKeys:
     """Every unique row's keys for ``row_forward``: its session's prefix, then its ancestors and
-    itself in depth order (the first chain holding the row gives the path)."""
+    itself in depth order (the first chain holding the row gives the path; a prefill's one chain
+    of n rows lists n·(n+1)/2 indices, built as numpy views)."""
     offsets = list(accumulate((len(job.ids) for job in jobs), initial=0))
-    anc: list[list[int]] = [[] for _ in range(offsets[-1])]
+    anc: list[np.ndarray | None] = [None] * offsets[-1]
     base_k, base_v, plen, head, layer = [], [], [], [], []
     for j, job in enumerate(jobs):
         for chain in job.chains:
-            for i, r in enumerate(chain):
-                if not anc[offsets[j] + r]:
-                    anc[offsets[j] + r] = [offsets[j] + a for a in chain[:i + 1]]
-        kv = job.kv
-        n = len(job.ids)
+            rows = np.asarray(chain, dtype=np.int64) + offsets[j]
+            for i, u in enumerate(rows.tolist()):
+                if anc[u] is None:
+                    anc[u] = rows[:i + 1]
+        kv, n = job.kv, len(job.ids)
         base_k += [kv.k.data_ptr()] * n
         base_v += [kv.v.data_ptr()] * n
         plen += [kv.length] * n
         head += [kv.k.shape[2] * kv.k.shape[3]] * n
         layer += [kv.k.shape[1] * kv.k.shape[2] * kv.k.shape[3]] * n
-    if any(not a for a in anc):
+    if any(a is None for a in anc):
         raise ValueError("row_keys: a tree row is on no chain")
     t = lambda xs: torch.as_tensor(xs, dtype=torch.long)  # noqa: E731
+    lengths = np.fromiter((len(a) for a in anc), dtype=np.int64, count=len(anc))
     return RowKeys(t(base_k), t(base_v), t(plen), t(head), t(layer), jobs[0].kv.k.element_size(),
-                   t(list(accumulate((len(a) for a in anc), initial=0))), t([r for a in anc for r in a]))
+                   torch.from_numpy(np.concatenate(([0], np.cumsum(lengths)))),
+                   torch.from_numpy(np.concatenate(anc)))
 
 
 def _forward_rows(model: Decoder, jobs: Sequence[ChainJob], logits: bool) -> list[ChainResult]:
