@@ -85,12 +85,6 @@ def step_rows(session: TargetSession, tokens: Sequence[int], parents: Sequence[i
     return want  # type: ignore[return-value]
 
 
-def expected_rows(model: Decoder, prompt: Sequence[int], tokens: Sequence[int],
-                  parents: Sequence[int]) -> list[np.ndarray]:
-    """``step_rows`` from a fresh session of ``prompt`` (the target alone)."""
-    return step_rows(_session(model, prompt, len(tokens)), tokens, parents)
-
-
 def compare_tree(model: Decoder, prompt: Sequence[int], tokens: Sequence[int],
                  parents: Sequence[int]) -> RowCheck:
     """Rows of one tree forward vs the target-alone steps of their prefixes (bitwise)."""
