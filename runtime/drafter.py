@@ -6,8 +6,9 @@ Invariants (checked by tests):
 - the root of the active tree is the last committed token, at position ``len(committed) - 1``.
 
 One expansion step is one engine call. Step 0 of a tree feeds the pending tokens (causal) and
-yields the root's children; step ℓ ≥ 1 feeds the best ``width`` nodes of depth ℓ. The proactive
-branch (IPDG) uses the same steps under a chosen root (``runtime.ipdg``).
+yields the root's children, and the prompt-lookup chains join (``runtime.lookup``); every later
+step feeds the best ``width`` expandable nodes at any depth (best-first, ``runtime.tree``). The
+proactive branch (IPDG) uses the same steps under a chosen root (``runtime.ipdg``).
 
 Children are ranked and scored by the draft's log-softmax under greedy decoding (or with
 ``TreeParams.coupled`` off); when the request samples they are coupled to the target's seeded
@@ -35,6 +36,7 @@ from rapid.errors import RapidError
 from rapid.geometry import ROOT, ancestor_mask, causal_allowed, node_positions
 from rapid.runtime.coupling import coupled_top
 from rapid.runtime.ipdg import ProactiveRoot, VerdictPlan, choose_proactive_root, plan_verdict
+from rapid.runtime.lookup import lookup_continuations
 from rapid.runtime.tree import TokenTree, TreeParams, best_tokens
 from rapid.sampling import SamplingParams, log_softmax
 
@@ -155,7 +157,8 @@ class Drafter:
         return StepRecord(n, self.clock() - t0, "prefill")
 
     def step(self, under: int | None = None, phase: str = "draft") -> StepRecord | None:
-        """One expansion step of the active tree (or of the branch below node ``under``)."""
+        """One expansion step of the active tree (or of the branch below node ``under``): step 0
+        feeds the root, later ones the best expandable nodes (``TokenTree.frontier``)."""
         p = self.params
         if self.levels == 0:
             n = len(self.pending)
@@ -166,9 +169,9 @@ class Drafter:
             self.pending = []
             self.tree.set_best(ROOT, best[0])
             self.tree.add_children(ROOT, p.topk, self.stop_ids)
+            self.add_lookup()
         else:
-            base = 0 if under is None else self.tree.depth[under]
-            nodes = self._frontier(base + self.levels, under)
+            nodes = self._frontier(under)
             if not nodes:
                 return None
             rec = self._feed_nodes(nodes, phase)
@@ -178,21 +181,28 @@ class Drafter:
         self.levels += 1
         return rec
 
-    def _frontier(self, level: int, under: int | None) -> list[int]:
-        nodes = self.tree.frontier(level, self.params.width if under is None else 10**9)
-        if under is not None:
-            nodes = [i for i in nodes if under in self.tree.path(i)[:-1]]
-            nodes.sort(key=lambda i: (-self.tree.score[i], i))
-            nodes = sorted(nodes[: self._branch_width])
-        return nodes
+    def add_lookup(self) -> None:
+        """Merge the prompt-lookup continuations of the committed tokens into the active tree
+        (``rapid.runtime.lookup``; none with ``params.lookup == 0``). The caller prunes."""
+        p = self.params
+        for cont in lookup_continuations(self.committed, p.lookup, p.lookup_branches):
+            self.tree.add_chain(cont, math.log(p.lookup_p), self.stop_ids)
+
+    def _frontier(self, under: int | None) -> list[int]:
+        if under is None:
+            return self.tree.frontier(self.params.width, stop_ids=self.stop_ids)
+        return self.tree.frontier(self._branch_width, self._below(under), self.stop_ids)
+
+    def _below(self, under: int) -> list[int]:
+        """The strict descendants of node ``under``."""
+        return [i for i in range(len(self.tree)) if under in self.tree.path(i)[:-1]]
 
     def _prune(self, under: int | None) -> None:
         if under is None:
             self.tree.prune(self.params.budget)
             return
         # In a branch, prune only the branch's own nodes; D_i (sent to the cloud) stays intact.
-        branch = [i for i in range(len(self.tree)) if under in self.tree.path(i)[:-1]]
-        kept = self.tree.prune(self.params.budget, among=branch)
+        kept = self.tree.prune(self.params.budget, among=self._below(under))
         self.branch_node = kept.index(self.branch_node) if self.branch_node is not None else None
 
     def draft(self, depth: int, on_step: Callable[[StepRecord], None] | None = None,
@@ -215,7 +225,7 @@ class Drafter:
         return recs
 
     def _confidence(self) -> float:
-        lv = [i for i in range(len(self.tree)) if self.tree.depth[i] == self.levels and self.tree.slot[i] < 0]
+        lv = self.tree.frontier(len(self.tree), stop_ids=self.stop_ids)
         if not lv:
             return 0.0
         best = max(lv, key=lambda i: self.tree.score[i])
@@ -244,10 +254,9 @@ class Drafter:
         root b* is chosen and fed (step 0 of D_{i+1}); then levels below b* (steps 1, 2, …).
         """
         self._branch_width = width or self.params.width
-        unfed = [i for i in range(len(self.tree)) if self.tree.slot[i] < 0 and self.tree.tokens[i] not in self.stop_ids]
-        if unfed:
-            unfed.sort(key=lambda i: (-self.tree.score[i], i))
-            yield self._feed_nodes(sorted(unfed[: self.params.width]), "leaf")
+        leaves = self.tree.frontier(self.params.width, stop_ids=self.stop_ids)
+        if leaves:
+            yield self._feed_nodes(leaves, "leaf")
         root = choose_proactive_root(self.tree, decay)
         if root is None:
             return
@@ -262,9 +271,8 @@ class Drafter:
         self._prune(b)  # b's children are D_{i+1}'s first level: never more than the budget
         t = self.tree
         yield rec
-        level = 1
         while True:
-            nodes = self._frontier(t.depth[self.branch_node] + level, self.branch_node)
+            nodes = self._frontier(self.branch_node)
             if not nodes:
                 return
             rec = self._feed_nodes(nodes, "branch")
@@ -272,7 +280,6 @@ class Drafter:
                 t.add_children(i, self.params.topk, self.stop_ids)
             self._prune(self.branch_node)
             t = self.tree
-            level += 1
             yield rec
 
     def branch_levels(self) -> int:
@@ -297,4 +304,7 @@ class Drafter:
         self.levels = levels_kept if plan.hit and plan.next_tree.root_top is not None else 0
         self.branch = None
         self.branch_node = None
+        if self.levels:  # a kept branch skips step 0, where lookup candidates join a new tree
+            self.add_lookup()
+            self.tree.prune(self.params.budget)
         return plan

@@ -11,10 +11,17 @@ The root is implicit: it is the last committed token. Node ``i`` has
     top[i]      the draft's best next tokens after node i, (token, log q) pairs, once fed (coupled:
                 ranked by the target's noise, with the coupled score)
 
-One expansion step at level ℓ feeds the best ``width`` unexpanded nodes of depth ℓ (or the
-root for ℓ = 0), adds each one's ``topk`` most likely children, then keeps the ``budget``
-nodes of highest score. Scores only fall along a path, so the kept set is closed under
-ancestors (ties go to the earlier, i.e. shallower, node). A tree of depth L takes L steps.
+Growth is best-first (SpecExec / EAGLE-2 dynamic trees). Step 0 feeds the root; every later
+step feeds the ``width`` best *expandable* nodes, at any depth: unfed nodes whose parent has been
+fed (or is the root), highest score first. Each fed node adds its ``topk`` most likely children,
+then the ``budget`` nodes of highest score are kept. Scores only fall along a path, so the kept
+set is closed under ancestors (ties go to the earlier, i.e. shallower, node). A path gains at
+most one level per step, so L steps give depth ≤ L; the tree's shape is the scores' choice.
+
+Prompt-lookup chains (``rapid.runtime.lookup``) join the same tree at no draft step: token
+``c_d`` of a continuation hangs below ``c_{d-1}`` with score ``S(parent) + log lookup_p``. A
+token that already is a child of that parent is merged into it (the higher score wins), so a
+node never has two children with one token.
 
 Pure data: nothing here touches a model, a clock or a socket. The attention mask and the
 positions of fed nodes come from ``rapid.geometry`` (the same builder the target uses).
@@ -43,6 +50,9 @@ class TreeParams:
     width: int = 4  # maximum nodes expanded (fed to the draft) per step
     auto_budget: bool = False  # budget = the cloud's flat verify size (Ready.flat_nodes), capped by budget
     coupled: bool = True  # under sampling, rank children by the target's noise (rapid.runtime.coupling)
+    lookup: int = 8  # prompt-lookup continuation tokens merged into each tree (0 = none; rapid.runtime.lookup)
+    lookup_branches: int = 2  # distinct continuations per tree
+    lookup_p: float = 0.5  # the probability a lookup token scores, per token (it competes for the budget)
 
     def for_cloud(self, max_nodes: int, flat_nodes: int) -> TreeParams:
         """The params for one session: with ``auto_budget`` the budget becomes
@@ -53,9 +63,13 @@ class TreeParams:
         return replace(self, budget=max(1, min(self.budget, max_nodes, want)))
 
     def __post_init__(self) -> None:
-        for name in ("depth", "budget", "topk", "width"):
+        for name in ("depth", "budget", "topk", "width", "lookup_branches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TreeParams.{name} must be >= 1, got {getattr(self, name)}")
+        if self.lookup < 0:
+            raise ValueError(f"TreeParams.lookup must be >= 0, got {self.lookup}")
+        if not 0.0 < self.lookup_p <= 1.0:
+            raise ValueError(f"TreeParams.lookup_p must be in (0, 1], got {self.lookup_p}")
 
 
 def best_tokens(logprobs: np.ndarray, k: int) -> list[tuple[int, float]]:
@@ -97,10 +111,6 @@ class TokenTree:
             i = self.parents[i]
         return out[::-1]
 
-    def set_top(self, i: int, logprobs: np.ndarray, k: int) -> None:
-        """Record the draft's ``k`` best next tokens after node ``i`` (``logprobs`` [V])."""
-        self.set_best(i, best_tokens(logprobs, k))
-
     def set_best(self, i: int, best: list[tuple[int, float]]) -> None:
         """Record node ``i``'s ranked next-token candidates, (token, score) best first."""
         if i == ROOT:
@@ -118,7 +128,31 @@ class TokenTree:
         base_score = 0.0 if i == ROOT else self.score[i]
         base_depth = 0 if i == ROOT else self.depth[i]
         for tok, lp in best[:topk]:
-            self.add_node(tok, i, base_depth + 1, base_score + lp)
+            self.merge_child(tok, i, base_depth + 1, base_score + lp)
+
+    def child_with(self, parent: int, token: int) -> int | None:
+        """The child of ``parent`` carrying ``token``, if any."""
+        return next((j for j, p in enumerate(self.parents) if p == parent and self.tokens[j] == token), None)
+
+    def merge_child(self, token: int, parent: int, depth: int, score: float) -> int:
+        """``add_node``, unless ``parent`` already has a ``token`` child: then that child keeps the
+        higher score. Returns the child's index."""
+        j = self.child_with(parent, token)
+        if j is None:
+            return self.add_node(token, parent, depth, score)
+        self.score[j] = max(self.score[j], score)
+        return j
+
+    def add_chain(self, tokens: list[int], logp: float, stop_ids: tuple[int, ...] = ()) -> None:
+        """Hang ``tokens`` below the root as a chain, each scoring its parent's score + ``logp``,
+        merged into existing children; it ends after a stop token."""
+        parent, depth, score = ROOT, 0, 0.0
+        for tok in tokens:
+            depth, score = depth + 1, score + logp
+            parent = self.merge_child(tok, parent, depth, score)
+            score = self.score[parent]
+            if tok in stop_ids:
+                return
 
     def add_node(self, token: int, parent: int, depth: int, score: float) -> int:
         """Append one unfed node; return its index."""
@@ -130,9 +164,16 @@ class TokenTree:
         self.top.append(None)
         return len(self.tokens) - 1
 
-    def frontier(self, level: int, width: int) -> list[int]:
-        """The best ``width`` unfed nodes at depth ``level``, in index order."""
-        cand = [i for i in range(len(self)) if self.depth[i] == level and self.slot[i] < 0]
+    def expandable(self, i: int) -> bool:
+        """Node ``i`` can be fed: it is unfed and its parent is the root or fed."""
+        p = self.parents[i]
+        return self.slot[i] < 0 and (p == ROOT or self.slot[p] >= 0)
+
+    def frontier(self, width: int, among: list[int] | None = None, stop_ids: tuple[int, ...] = ()) -> list[int]:
+        """The best ``width`` expandable nodes (of ``among``, default all), in index order; a stop
+        token is never expanded."""
+        cand = [i for i in (range(len(self)) if among is None else among)
+                if self.expandable(i) and self.tokens[i] not in stop_ids]
         cand.sort(key=lambda i: (-self.score[i], i))
         return sorted(cand[:width])
 

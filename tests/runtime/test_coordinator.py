@@ -63,7 +63,8 @@ def test_proactive_policies_reach_depth_8_as_fast_as_caac(tiny_pair):
     try:
         for policy in (POLICIES["caac"], POLICIES["rapid"], adaptive_npdg):
             ticks = itertools.count(0.0, 0.005)  # every step takes 5 ms of this clock
-            drafter = Drafter(TorchEngine(drafts["same"], capacity=512), TreeParams(4, 12, 1, 1), (),
+            # no prompt-lookup chains: they would reach below the planned depth (accepted > depth)
+            drafter = Drafter(TorchEngine(drafts["same"], capacity=512), TreeParams(4, 12, 1, 1, lookup=0), (),
                               clock=ticks.__next__)
             cfg = CoordinatorConfig(depth=4, decay=1e-12, caac=CAACConfig(time_cap=False))
             gen = asyncio.run(Coordinator(drafter, CloudLink(server.url), policy, cfg).generate(

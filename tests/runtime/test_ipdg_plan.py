@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rapid.runtime.ipdg import ProactiveRoot, choose_proactive_root, plan_verdict
-from rapid.runtime.tree import ROOT, TokenTree
+from rapid.runtime.tree import ROOT, TokenTree, best_tokens
 
 FAST = settings(max_examples=80, deadline=None)
 
@@ -35,7 +35,7 @@ def random_tree(rng: np.random.Generator, n: int, vocab: int, prefix_len: int = 
     tree = TokenTree()
     slot = prefix_len
     if rng.random() < 0.9:
-        tree.set_top(ROOT, np.log(rng.dirichlet(np.ones(vocab))), int(rng.integers(1, vocab + 1)))
+        tree.set_best(ROOT, best_tokens(np.log(rng.dirichlet(np.ones(vocab))), int(rng.integers(1, vocab + 1))))
     for i in range(n):
         p = int(rng.integers(-1, i)) if i else ROOT
         tree.tokens.append(int(rng.integers(0, vocab)))
@@ -47,7 +47,7 @@ def random_tree(rng: np.random.Generator, n: int, vocab: int, prefix_len: int = 
         tree.top.append(None)
         if fed:
             slot += 1
-            tree.set_top(i, np.log(rng.dirichlet(np.ones(vocab))), int(rng.integers(1, vocab + 1)))
+            tree.set_best(i, best_tokens(np.log(rng.dirichlet(np.ones(vocab))), int(rng.integers(1, vocab + 1))))
     return tree
 
 

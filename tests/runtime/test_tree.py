@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rapid.geometry import ROOT, ancestor_mask, node_positions
-from rapid.runtime.tree import TokenTree, TreeParams
+from rapid.runtime.tree import TokenTree, TreeParams, best_tokens
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -20,20 +20,20 @@ def logprob_row(rng: np.random.Generator, vocab: int) -> np.ndarray:
 
 def grow(rng: np.random.Generator, params: TreeParams, vocab: int, prefix_len: int = 0,
          stop_ids: tuple[int, ...] = ()) -> TokenTree:
-    """Budgeted level-wise expansion with random draft rows; feeding = assigning the next slot."""
+    """Budgeted best-first expansion with random draft rows; feeding = assigning the next slot."""
     tree = TokenTree()
     next_slot = prefix_len
-    tree.set_top(ROOT, logprob_row(rng, vocab), params.topk)
+    tree.set_best(ROOT, best_tokens(logprob_row(rng, vocab), params.topk))
     tree.add_children(ROOT, params.topk, stop_ids)
     tree.prune(params.budget)
     check_invariants(tree)
-    for level in range(1, params.depth):
-        front = tree.frontier(level, params.width)
-        assert front == sorted(front)
+    for _ in range(1, params.depth):
+        front = tree.frontier(params.width, stop_ids=stop_ids)
+        assert front == sorted(front) and all(tree.expandable(i) for i in front)
         for i in front:
             tree.slot[i] = next_slot
             next_slot += 1
-            tree.set_top(i, logprob_row(rng, vocab), params.topk)
+            tree.set_best(i, best_tokens(logprob_row(rng, vocab), params.topk))
         for i in front:
             tree.add_children(i, params.topk, stop_ids)
         before = tree.copy()
@@ -115,46 +115,72 @@ def test_prune_on_random_trees(seed, n, budget):
     check_invariants(tree)
 
 
-def test_set_top_sorts_descending_ties_by_id():
+def test_best_tokens_sort_descending_ties_by_id():
     tree = TokenTree()
     lp = np.log(np.array([0.1, 0.3, 0.05, 0.3, 0.25]))
-    tree.set_top(ROOT, lp, 3)
+    tree.set_best(ROOT, best_tokens(lp, 3))
     assert [t for t, _ in tree.root_top] == [1, 3, 4]
     assert tree.root_top[0][1] == pytest.approx(np.log(0.3))
-    tree.set_top(ROOT, lp, 10)  # more than the vocabulary
+    tree.set_best(ROOT, best_tokens(lp, 10))  # more than the vocabulary
     assert [t for t, _ in tree.root_top] == [1, 3, 4, 0, 2]
 
 
 def test_add_children_scores_depths_and_stop_tokens():
     tree = TokenTree()
-    tree.set_top(ROOT, np.log(np.array([0.5, 0.3, 0.2])), 3)
+    tree.set_best(ROOT, best_tokens(np.log(np.array([0.5, 0.3, 0.2])), 3))
     tree.add_children(ROOT, 2)
     assert tree.tokens == [0, 1] and tree.parents == [ROOT, ROOT] and tree.depth == [1, 1]
     assert tree.slot == [-1, -1] and tree.top == [None, None]
     with pytest.raises(ValueError):
         tree.add_children(0, 2)  # not fed yet
     tree.slot[0] = 0
-    tree.set_top(0, np.log(np.array([0.1, 0.1, 0.8])), 2)
+    tree.set_best(0, best_tokens(np.log(np.array([0.1, 0.1, 0.8])), 2))
     tree.add_children(0, 2)
     assert tree.tokens[2:] == [2, 0] and tree.parents[2:] == [0, 0] and tree.depth[2:] == [2, 2]
     assert tree.score[2] == pytest.approx(np.log(0.5) + np.log(0.8))
     # a stop token gets no children
     tree.slot[2] = 1
-    tree.set_top(2, np.log(np.array([0.4, 0.4, 0.2])), 2)
+    tree.set_best(2, best_tokens(np.log(np.array([0.4, 0.4, 0.2])), 2))
     tree.add_children(2, 2, stop_ids=(2,))
     assert len(tree) == 4
 
 
-def test_frontier_picks_best_unfed_in_index_order():
-    tree = TokenTree(tokens=[1, 2, 3, 4, 5], parents=[ROOT, ROOT, ROOT, 0, 0],
-                     depth=[1, 1, 1, 2, 2], score=[-1.0, -0.5, -0.5, -2.0, -1.5],
-                     slot=[-1, -1, -1, -1, -1], top=[None] * 5)
-    assert tree.frontier(1, 2) == [1, 2]
-    assert tree.frontier(1, 3) == [0, 1, 2]
-    assert tree.frontier(2, 1) == [4]
-    tree.slot[1] = 7
-    assert tree.frontier(1, 2) == [0, 2]
-    assert tree.frontier(3, 4) == []
+def test_frontier_picks_best_expandable_at_any_depth_in_index_order():
+    tree = TokenTree(tokens=[1, 2, 3, 4, 5, 6], parents=[ROOT, ROOT, ROOT, 0, 0, 3],
+                     depth=[1, 1, 1, 2, 2, 3], score=[-0.2, -0.5, -0.9, -2.0, -0.4, -2.5],
+                     slot=[-1, -1, -1, -1, -1, -1], top=[None] * 6)
+    assert tree.frontier(2) == [0, 1]
+    assert tree.frontier(4) == [0, 1, 2]  # nodes 3-5 have an unfed parent
+    tree.slot[0] = 7
+    assert tree.frontier(2) == [1, 4]  # depth 2 beats depth 1 on score
+    assert tree.frontier(2, among=[3, 4, 5]) == [3, 4]
+    assert tree.frontier(9, stop_ids=(5,)) == [1, 2, 3]
+    tree.slot[3] = 8
+    assert tree.frontier(1) == [4] and tree.frontier(9, among=[5]) == [5]
+
+
+def test_merge_child_keeps_one_child_per_token_with_the_higher_score():
+    tree = TokenTree()
+    a = tree.merge_child(7, ROOT, 1, -1.0)
+    assert tree.merge_child(7, ROOT, 1, -0.5) == a and tree.score[a] == -0.5
+    assert tree.merge_child(7, ROOT, 1, -3.0) == a and tree.score[a] == -0.5
+    b = tree.merge_child(8, ROOT, 1, -2.0)
+    assert b != a and len(tree) == 2
+
+
+def test_add_chain_merges_into_the_tree_and_stops_after_a_stop_token():
+    tree = TokenTree()
+    tree.set_best(ROOT, [(5, -0.1), (6, -2.0)])
+    tree.add_children(ROOT, 2)
+    lp = float(np.log(0.5))
+    tree.add_chain([6, 9, 2, 4], lp, stop_ids=(2,))
+    assert tree.tokens == [5, 6, 9, 2] and tree.parents == [ROOT, ROOT, 1, 2]
+    assert tree.depth == [1, 1, 2, 3]
+    assert tree.score[1] == pytest.approx(lp)  # the lookup prior beat the draft's -2.0
+    assert tree.score[3] == pytest.approx(3 * lp)
+    check_invariants(tree)
+    tree.add_chain([5, 9], lp)  # the draft's node keeps its better score; 9 goes below it
+    assert tree.score[0] == -0.1 and tree.parents[4] == 0 and tree.score[4] == pytest.approx(-0.1 + lp)
 
 
 def random_fed_tree(rng, n, prefix_len):
@@ -256,16 +282,23 @@ def test_path_children_and_max_depth():
     assert tree.max_depth == 3 and TokenTree().max_depth == 0
 
 
-@pytest.mark.parametrize("field", ["depth", "budget", "topk", "width"])
+@pytest.mark.parametrize("field", ["depth", "budget", "topk", "width", "lookup_branches"])
 def test_tree_params_validation(field):
+    """Each count must be >= 1 (``lookup`` >= 0, ``lookup_p`` in (0, 1])."""
     with pytest.raises(ValueError):
         TreeParams(**{field: 0})
     TreeParams(**{field: 1})
 
 
-def test_set_top_selection_breaks_boundary_ties_by_id():
+def test_best_tokens_selection_breaks_boundary_ties_by_id():
     lp = np.array([-2.0, -1.0, -3.0, -1.0, -2.0, -3.0, -2.0, -3.0, -1.0, -2.0, -3.0, -3.0, -3.0,
                    -1.0, -3.0, -3.0, -2.0, -1.0, -2.0, -2.0])
     tree = TokenTree()
-    tree.set_top(ROOT, lp, 3)
+    tree.set_best(ROOT, best_tokens(lp, 3))
     assert [t for t, _ in tree.root_top] == [1, 3, 8]  # the four -1.0 tokens are 1, 3, 8, 13, 17
+
+
+@pytest.mark.parametrize("bad", [dict(lookup=-1), dict(lookup_p=0.0), dict(lookup_p=1.5)])
+def test_tree_params_lookup_validation(bad):
+    with pytest.raises(ValueError):
+        TreeParams(**bad)
