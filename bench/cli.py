@@ -21,8 +21,9 @@ QUICK = dict(policies="fixed,rapid", sets="c4", n_prompts=1, token_budget=32, ma
 DEFAULT = dict(policies="fixed,npdg,rapid", sets="c4,oasst", n_prompts=1, token_budget=64, max_new=16,
                schedules="none,sustained", profiles="wan", repeats=3)
 # the target-alone comparison: rapid vs ar on five sets, no contention, 48 tokens (~15 min on 2 cores)
+# (+ the HF peers, ~6 min more)
 VS_AR = dict(policies="ar,rapid", sets="c4,oasst,mtbench,wikitext,humaneval", n_prompts=2, token_budget=64,
-             max_new=48, schedules="none", profiles="lan", repeats=3)
+             max_new=48, schedules="none", profiles="lan", repeats=3, peers=True)
 SMOKE = dict(policies="fixed,npdg,rapid", sets="c4", n_prompts=1, token_budget=32, max_new=24,
              schedules="none,sustained", profiles="lan", repeats=3)
 
@@ -38,7 +39,10 @@ def bench_parser() -> argparse.ArgumentParser:
     ap.add_argument("--quick", action="store_true", help="~4 min: c4, 1 prompt, fixed vs rapid under sustained load, 8 tokens, wan")
     ap.add_argument("--smoke", action="store_true", help="tiny random models, < 60 s (tests)")
     ap.add_argument("--vs-ar", action="store_true", help="~15 min: rapid vs the target alone (ar) on c4, oasst, "
-                    "mtbench, wikitext, humaneval; no load; 48 tokens; lan")
+                    "mtbench, wikitext, humaneval; no load; 48 tokens; lan; with --peers")
+    ap.add_argument("--peers", action="store_const", const=True, default=None,
+                    help="also run HF assisted and prompt-lookup generation on the same prompts "
+                         "(rapid.bench.peers; default: only with --vs-ar)")
     ap.add_argument("--draft", default="default-draft-int4",
                     help="default-draft-int4 (ONNX int4, built once), an export folder or a model spec")
     ap.add_argument("--dtype", default="auto", help="the target's dtype: auto|bfloat16|float32|float64")
@@ -89,7 +93,7 @@ def main_bench(argv: list[str]) -> int:
     preset = SMOKE if a.smoke else QUICK if a.quick else VS_AR if a.vs_ar else DEFAULT
 
     def opt(name: str, cli_value):
-        return cli_value if cli_value is not None else preset[name]
+        return cli_value if cli_value is not None else preset.get(name)
 
     cfg = BenchConfig(
         out=out, draft=a.draft, target=a.target, dtype=a.dtype, policies=_csv(opt("policies", a.policies)),
@@ -99,7 +103,8 @@ def main_bench(argv: list[str]) -> int:
         repeats=opt("repeats", a.repeats),
         depth=a.depth, budget=a.budget, topk=a.topk, width=a.width, edge_cpu=a.edge_cpu, cloud_cpu=a.cloud_cpu,
         net=a.net, seed=a.seed, temperature=a.temperature, top_p=a.top_p, coupled=a.coupled, engine=a.engine, smoke=a.smoke, progress=not a.no_progress,
-        carry_controller=not a.fresh_controller, load_device=a.load_device)
+        carry_controller=not a.fresh_controller, load_device=a.load_device,
+        peers=bool(opt("peers", a.peers)) and not a.smoke)
     if a.sets is None and a.prompts is None:
         if default_prompt_dir() is None:  # no shared prompt sets here: the built-in prompts
             cfg.sets = None

@@ -9,6 +9,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from rapid.bench.peer_report import ceiling_lines, peer_lines
 from rapid.bench.plots import make_plots
 from rapid.bench.policy_targets import target_lines
 
@@ -225,6 +226,8 @@ def write_report(folder: str | Path, plots: bool = True) -> dict[str, Path]:
             L.append(f"| {t['profile']} | {t['schedule']} | {t['set']} | {t['ratio']} | {t['value']:.2f} | "
                      f"≥ {t['goal']:.1f} | {verdict} |")
     L += target_lines(rows)
+    vs_ar = {r["set"]: r["vs_ar"] for r in rat if r["policy"] == "rapid" and r["schedule"] == "none" and "vs_ar" in r}
+    L += peer_lines(read_jsonl(folder / "peers.jsonl"), vs_ar) + ceiling_lines(rounds)
     pngs = [p for k, p in files.items() if k not in ("summary", "report")]
     if pngs:
         L += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in pngs]

@@ -29,9 +29,12 @@ from pathlib import Path
 from rapid import models
 from rapid.bench import netem
 from rapid.bench.contention import LoadProcess, Schedule, load_device_for, parse_schedule, pin
+from rapid.bench.peers import PEERS, run_peers
 from rapid.bench.prompts import load_sets, pick, truncate_ids
 from rapid.errors import RapidError
 from rapid.export.fast_draft import resolve_draft
+from rapid.manifest import is_export_dir, load_manifest
+from rapid.precision import choose_dtype, cpu_flags
 from rapid.procs import free_port, start_listening, stop_server
 from rapid.runtime.args import tree_params
 from rapid.runtime.coordinator import CoordinatorConfig, assemble, controller_for
@@ -72,6 +75,7 @@ class BenchConfig:
     progress: bool = True
     load_device: str = "auto"  # auto (the edge engine's device) | cpu | cuda
     carry_controller: bool = True  # one depth controller per policy across generations, as the daemon keeps
+    peers: bool = False  # also run HF assisted / prompt-lookup generation (rapid.bench.peers)
 
 
 def _cpus() -> set[int]:
@@ -123,7 +127,7 @@ def run_bench(cfg: BenchConfig) -> Path:
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("rounds.jsonl", "runs.jsonl"):
+    for name in ("rounds.jsonl", "runs.jsonl", "peers.jsonl"):
         (out / name).unlink(missing_ok=True)
     policies = [get_policy(p) for p in cfg.policies]
     schedules = [parse_schedule(s) for s in cfg.schedules]
@@ -159,8 +163,8 @@ def run_bench(cfg: BenchConfig) -> Path:
                        "uncontended" if cfg.carry_controller else "fresh per generation"),
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=2))
-    total = (len(profiles) * len(schedules) * cfg.repeats * sum(len(v) for v in encoded.values())
-             * len(policies))
+    n_gen = cfg.repeats * sum(len(v) for v in encoded.values())
+    total = n_gen * (len(profiles) * len(schedules) * len(policies) + (len(PEERS) if cfg.peers else 0))
     bar = tqdm(total=total, desc="rapid bench", unit="gen", disable=not cfg.progress, file=sys.stderr)
     try:
         for prof in profiles:
@@ -206,10 +210,27 @@ def run_bench(cfg: BenchConfig) -> Path:
                 stop_server(proc)
                 if mode == "netem":
                     netem.teardown(plan)
+        if cfg.peers:
+            _peers(cfg, draft, target, encoded, {cfg.cloud_cpu} if two else None, bar)
     finally:
         bar.close()
         pin(old_aff)
     return out
+
+
+def _peers(cfg: BenchConfig, draft: str, target: str, encoded, cpus: set[int] | None, bar) -> None:
+    """HF peers on the cloud's core, the cloud stopped (``rapid.bench.peers``): the draft's PyTorch
+    source model (an export's manifest names it), the target's dtype."""
+    source = load_manifest(draft)["model"]["resolved"] if is_export_dir(draft) else draft
+    dtype = choose_dtype(cfg.dtype, "cpu", cpu_flags()).dtype
+    pin(cpus)
+    ids = {k: [(p.id, x) for p, x in v] for k, v in encoded.items()}
+
+    def tick(what: str) -> None:
+        bar.set_postfix_str(what)
+        bar.update(1)
+
+    run_peers(target, source, dtype, ids, cfg.max_new, cfg.repeats, Path(cfg.out), tick)
 
 
 def _one(out, edge, tree, sampling, cfg, pol, url, ids, load: LoadProcess, sched: Schedule, row_meta,

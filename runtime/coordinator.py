@@ -249,7 +249,7 @@ class Coordinator:
                 tokens, parents = d.wire_tree()
             else:
                 tokens, parents = [], []
-            rec.tree_nodes = len(tokens)
+            rec.tree_nodes, rec.tree_depth = len(tokens), (d.tree.max_depth if p.drafting else 0)
             t_sent = self.clock()
             await self.link.send_tree(round_id, tokens, parents)
             branch_task = None

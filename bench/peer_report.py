@@ -1,0 +1,112 @@
+"""Two report sections of a ``rapid bench`` folder: the peers, and where the accepted length stops.
+
+Peers (``peers.jsonl``, ``rapid.bench.peers``): per set, rapid's median tok/s over ``ar`` next to
+each HF peer's over ``hf-plain``, each ratio taken per prompt on median seconds over repeats and
+then the median over the set's prompts; ``same`` counts prompts whose every repeat emitted
+hf-plain's tokens.
+
+Ceiling (``rounds.jsonl``, the ``rapid`` policy's rounds): per set,
+
+    accepted / round      mean accepted draft nodes (the bonus token not counted)
+    tokens / verify       mean emitted per target call (accepted + bonus)
+    nodes sent            median tree size, and the median verify ms of those trees
+    T=1 verify ms         median verify of ``ar``'s one-token rounds (the flat curve's left end)
+    ideal                 mean depth of the trees sent: the accepted length had the target's path
+                          been in every tree (the shape and the draft lose the difference)
+    steps / round         mean draft steps (CAAC's depth), draft ms / round their mean time
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+PEER_RATIOS = (("hf-assisted", "hf-plain"), ("hf-lookup", "hf-plain"))
+
+
+def _median_tok_s(rows: list[dict]) -> dict[tuple[str, str, str], float]:
+    groups: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    for r in rows:
+        groups[(r["set"], r["prompt_id"], r["method"])].append(r["tokens_len"] / r["seconds"])
+    return {k: statistics.median(v) for k, v in groups.items()}
+
+
+def peer_ratios(peers: list[dict]) -> dict[str, dict[str, tuple[float, int, int]]]:
+    """set → method → (median over prompts of tok/s ratio to hf-plain, prompts identical, prompts)."""
+    rows = [dict(r, tokens_len=len(r["tokens"])) for r in peers]
+    tps = _median_tok_s(rows)
+    plain = {(r["set"], r["prompt_id"], r["repeat"]): r["tokens"] for r in rows if r["method"] == "hf-plain"}
+    out: dict[str, dict[str, tuple[float, int, int]]] = defaultdict(dict)
+    for method, base in PEER_RATIOS:
+        by_set: dict[str, list[tuple[float, bool]]] = defaultdict(list)
+        for (pset, pid, m), v in tps.items():
+            if m != method or (pset, pid, base) not in tps:
+                continue
+            same = all(r["tokens"] == plain.get((pset, pid, r["repeat"])) for r in rows
+                       if r["set"] == pset and r["prompt_id"] == pid and r["method"] == method)
+            by_set[pset].append((v / tps[(pset, pid, base)], same))
+        for pset, vals in by_set.items():
+            out[pset][method] = (statistics.median(v for v, _ in vals), sum(s for _, s in vals), len(vals))
+    return dict(out)
+
+
+def peer_lines(peers: list[dict], rapid_vs_ar: dict[str, float]) -> list[str]:
+    """The peers table; ``rapid_vs_ar``: set → rapid's median tok/s over ar (one profile, no load)."""
+    if not peers:
+        return []
+    pr = peer_ratios(peers)
+    L = ["", "## Peers: each one's ratio to its own target-alone run", "",
+         "HF transformers on the same prompts, pair (PyTorch draft) and dtype, greedy, 1 thread, on the "
+         "cloud's core (`rapid.bench.peers`).", "",
+         "| set | rapid/ar | hf-assisted/hf-plain | same tokens | hf-lookup/hf-plain | same tokens | rapid ahead |",
+         "|---|---|---|---|---|---|---|"]
+    for pset in sorted(set(pr) | set(rapid_vs_ar)):
+        mine = rapid_vs_ar.get(pset)
+        cells, ahead = [], mine is not None
+        for method, _ in PEER_RATIOS:
+            v = pr.get(pset, {}).get(method)
+            cells += ["-", "-"] if v is None else [f"{v[0]:.2f}", f"{v[1]}/{v[2]}"]
+            ahead = ahead and (v is None or mine > v[0])
+        L.append(f"| {pset} | {'-' if mine is None else f'{mine:.2f}'} | " + " | ".join(cells)
+                 + f" | {'yes' if ahead else 'no'} |")
+    return L
+
+
+def ceiling_rows(rounds: list[dict], policy: str = "rapid") -> list[dict]:
+    """Per set, the module docstring's ceiling columns from the ``policy``'s and ar's rounds."""
+    by_set: dict[str, list[dict]] = defaultdict(list)
+    t1: dict[str, list[float]] = defaultdict(list)
+    for r in rounds:
+        if r.get("schedule", "none") != "none":
+            continue
+        if r["policy"] == policy:
+            by_set[r["set"]].append(r)
+        elif r["policy"] == "ar":
+            t1[r["set"]].append(r["verify_s"])
+    out = []
+    for pset, rs in sorted(by_set.items()):
+        out.append({
+            "set": pset, "accepted": statistics.fmean(r["accepted"] for r in rs),
+            "per_verify": statistics.fmean(r["emitted"] for r in rs),
+            "nodes": statistics.median(r["tree_nodes"] for r in rs),
+            "verify_ms": 1000 * statistics.median(r["verify_s"] for r in rs),
+            "t1_ms": 1000 * statistics.median(t1[pset]) if t1.get(pset) else None,
+            "ideal": statistics.fmean(r.get("tree_depth", 0) for r in rs),
+            "steps": statistics.fmean(r["draft_steps"] for r in rs),
+            "draft_ms": 1000 * statistics.fmean(r["draft_s"] for r in rs),
+        })
+    return out
+
+
+def ceiling_lines(rounds: list[dict]) -> list[str]:
+    rows = ceiling_rows(rounds)
+    if not rows:
+        return []
+    L = ["", "## Where the accepted length stops (rapid's rounds, no load)", "",
+         "| set | accepted / round | tokens / verify | nodes sent | verify ms | T=1 verify ms | ideal (tree depth) "
+         "| steps / round | draft ms / round |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        t1 = "-" if r["t1_ms"] is None else f"{r['t1_ms']:.0f}"
+        L.append(f"| {r['set']} | {r['accepted']:.2f} | {r['per_verify']:.2f} | {r['nodes']:.0f} | "
+                 f"{r['verify_ms']:.0f} | {t1} | {r['ideal']:.2f} | {r['steps']:.2f} | {r['draft_ms']:.0f} |")
+    return L

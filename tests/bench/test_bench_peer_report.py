@@ -1,0 +1,60 @@
+"""rapid.bench.peer_report: the peers' ratios and the accepted-length ceiling, from canned rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rapid.bench.peer_report import ceiling_lines, ceiling_rows, peer_lines, peer_ratios
+from rapid.bench.report import write_report
+
+
+def _peer(pset, pid, rep, method, tokens, seconds):
+    return {"set": pset, "prompt_id": pid, "repeat": rep, "method": method, "tokens": tokens, "seconds": seconds,
+            "digest": "x"}
+
+
+def _peers():
+    rows = []
+    for rep, jitter in enumerate((1.0, 1.2, 0.9)):
+        rows += [_peer("c4", "0", rep, "hf-plain", [1, 2, 3, 4], 4.0 * jitter),
+                 _peer("c4", "0", rep, "hf-assisted", [1, 2, 3, 4], 2.0 * jitter),
+                 _peer("c4", "0", rep, "hf-lookup", [1, 2, 3, 4] if rep else [1, 2, 9, 9], 4.0 * jitter),
+                 _peer("c4", "1", rep, "hf-plain", [5, 6], 2.0),
+                 _peer("c4", "1", rep, "hf-assisted", [5, 6], 0.5),
+                 _peer("c4", "1", rep, "hf-lookup", [5, 6], 1.0)]
+    return rows
+
+
+def test_peer_ratios_are_per_prompt_medians_then_the_median_over_prompts():
+    pr = peer_ratios(_peers())
+    assert pr["c4"]["hf-assisted"] == (pytest.approx(3.0), 2, 2)  # prompt ratios 2 and 4
+    assert pr["c4"]["hf-lookup"] == (pytest.approx(1.5), 1, 2)  # 1 and 2; prompt 0 differed once
+
+
+def test_peer_lines_say_whether_rapid_leads_every_peer():
+    lines = peer_lines(_peers(), {"c4": 3.5})
+    row = next(x for x in lines if x.startswith("| c4"))
+    assert row == "| c4 | 3.50 | 3.00 | 2/2 | 1.50 | 1/2 | yes |"
+    assert peer_lines(_peers(), {"c4": 2.5})[-1].endswith("| no |")
+    assert peer_lines([], {"c4": 3.5}) == []
+
+
+def test_ceiling_rows_use_rapids_rounds_and_ars_one_token_verify():
+    rounds = [{"set": "c4", "policy": "rapid", "schedule": "none", "accepted": a, "emitted": a + 1, "tree_nodes": 6,
+               "verify_s": 0.15, "tree_depth": 4, "draft_steps": 3, "draft_s": 0.06} for a in (1, 3)]
+    rounds += [{"set": "c4", "policy": "ar", "schedule": "none", "verify_s": 0.1, "accepted": 0, "emitted": 1}]
+    rounds += [dict(rounds[0], schedule="sustained", accepted=0)]
+    (row,) = ceiling_rows(rounds)
+    assert row["accepted"] == 2 and row["per_verify"] == 3 and row["ideal"] == 4
+    assert row["verify_ms"] == pytest.approx(150) and row["t1_ms"] == pytest.approx(100)
+    assert ceiling_lines(rounds)[-1] == "| c4 | 2.00 | 3.00 | 6 | 150 | 100 | 4.00 | 3.00 | 60 |"
+
+
+def test_report_includes_both_sections(canned):
+    with open(canned / "peers.jsonl", "w") as f:
+        for r in _peers():
+            f.write(json.dumps(r) + "\n")
+    text = write_report(canned, plots=False)["report"].read_text()
+    assert "## Peers" in text and "## Where the accepted length stops" in text
