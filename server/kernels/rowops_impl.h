@@ -131,6 +131,13 @@ static inline float dot(const float* a, const T* b, int64_t n) {
     return s;
 }
 
+// Software prefetch this many bytes ahead in each packed weight stream: one core streaming the
+// weights from DRAM otherwise waits on memory while it computes (a 467 MB LM head at 8 rows took
+// 28 ms, 18 ms at 1 row; with the prefetch 15 and 13 ms on Zen 5). It changes no arithmetic.
+#ifndef ROWOPS_PREFETCH_BYTES
+#define ROWOPS_PREFETCH_BYTES 4096
+#endif
+
 // ---- linear over packed weights -------------------------------------------------------------
 // Packed layout (pack): column block nb holds columns nb*VW .. nb*VW+VW-1 (zero past N).
 //   fma kernels:    wp[nb][k][VW]        (fp32 or bf16 elements), K as is
@@ -169,7 +176,11 @@ ROWOPS_TILE_FN void fma_tile(const float* x, int64_t ldx, const W* wp, int64_t K
     for (int64_t k = 0; k < K; ++k) {
         vf wv[CB];
 #pragma GCC unroll 4
-        for (int cb = 0; cb < CB; ++cb) wv[cb] = vload(wp + ((nb0 + cb) * K + k) * VW);
+        for (int cb = 0; cb < CB; ++cb) {
+            const W* wq = wp + ((nb0 + cb) * K + k) * VW;
+            __builtin_prefetch(wq + ROWOPS_PREFETCH_BYTES / sizeof(W));
+            wv[cb] = vload(wq);
+        }
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
             vf xb = vset1(x[r * ldx + k]);
@@ -240,8 +251,11 @@ ROWOPS_TILE_FN void dp_tile(const uint16_t* xb, int64_t ldx, const uint16_t* wp,
     for (int64_t p = 0; p < kp; ++p) {
         __m512i wv[CB];
 #pragma GCC unroll 4
-        for (int cb = 0; cb < CB; ++cb)
-            wv[cb] = _mm512_loadu_si512(reinterpret_cast<const void*>(wp + ((nb0 + cb) * kp + p) * VW * 2));
+        for (int cb = 0; cb < CB; ++cb) {
+            const uint16_t* wq = wp + ((nb0 + cb) * kp + p) * VW * 2;
+            __builtin_prefetch(wq + ROWOPS_PREFETCH_BYTES / sizeof(uint16_t));
+            wv[cb] = _mm512_loadu_si512(reinterpret_cast<const void*>(wq));
+        }
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
             int32_t pair;
