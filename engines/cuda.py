@@ -143,11 +143,6 @@ def dtoh_async(host: np.ndarray, src_ptr: int, stream: Stream) -> None:
         require_pycuda().memcpy_dtoh_async(host, src_ptr, stream.raw)
 
 
-def dtod_async(dst_ptr: int, src_ptr: int, nbytes: int, stream: Stream) -> None:
-    if nbytes:
-        require_pycuda().memcpy_dtod_async(dst_ptr, src_ptr, nbytes, stream.raw)
-
-
 class DeviceCopyError(RapidError):
     """A device copy CUDA would reject (rows wider than a pitch) or leave undefined (overlap)."""
 

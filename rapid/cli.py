@@ -21,6 +21,7 @@ import sys
 
 from rapid.errors import RapidError
 from rapid.export.export_cli import add_quantize_arguments
+from rapid.export.fast_draft import FAST_DRAFT
 from rapid.logsafe import LOG_FORMATS, setup_logging
 from rapid.precision import DTYPES
 from rapid.runtime.args import (
@@ -86,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = _add(sub, "generate", help="generate with edge drafting and cloud verification")
     g.add_argument("prompt")
-    g.add_argument("--draft", default="default-draft", help="HF id, local folder, .gguf, export dir, or default-draft")
+    g.add_argument("--draft", default=FAST_DRAFT,
+                   help=f"{FAST_DRAFT} (ONNX, int4 weights; built once), an HF id, local folder, .gguf, export dir, "
+                        "or default-draft (the PyTorch draft)")
     g.add_argument("--engine", default="auto", choices=BACKENDS, help="draft backend")
     add_cloud_args(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
@@ -95,8 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_tree_args(g)
 
     d = _add(sub, "demo", help="serve + generate on built-in prompts; compare with the target alone")
-    d.add_argument("--draft", default="default-draft-int4",
-                   help="default-draft-int4 (ONNX, int4 weights; built once), an export folder or a model spec")
+    d.add_argument("--draft", default=FAST_DRAFT,
+                   help=f"{FAST_DRAFT} (ONNX, int4 weights; built once), an export folder or a model spec")
     d.add_argument("--target", default="default-target")
     d.add_argument("--tiny", action="store_true", help="use tiny random models (no download; for a quick check)")
     d.add_argument("--engine", default="auto", choices=BACKENDS, help="draft backend (auto: onnx for an export folder)")

@@ -29,23 +29,34 @@ def budget_arg(text: str) -> int | str:
     return value
 
 
-def tree_params(depth: int, budget: int | str, topk: int, width: int, coupled: bool = True) -> TreeParams:
+DEFAULT_LOOKUP = TreeParams().lookup
+
+
+def tree_params(depth: int, budget: int | str, topk: int, width: int, coupled: bool = True,
+                lookup: int = DEFAULT_LOOKUP) -> TreeParams:
     """TreeParams from the command line's values (``budget`` may be ``auto``)."""
     if budget == "auto":
-        return TreeParams(depth, AUTO_BUDGET_CAP, topk, width, auto_budget=True, coupled=coupled)
-    return TreeParams(depth, int(budget), topk, width, coupled=coupled)
+        return TreeParams(depth, AUTO_BUDGET_CAP, topk, width, auto_budget=True, coupled=coupled, lookup=lookup)
+    return TreeParams(depth, int(budget), topk, width, coupled=coupled, lookup=lookup)
 
 
 def tree_params_of(args: argparse.Namespace) -> TreeParams:
     """TreeParams from the options ``add_tree_args`` added."""
-    return tree_params(args.depth, args.budget, args.topk, args.width, args.coupled)
+    return tree_params(args.depth, args.budget, args.topk, args.width, args.coupled, args.lookup)
 
 
 BACKENDS = ("auto", "torch", "onnx", "trt")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Module docstrings as written, and every option's default in its help."""
+    """Module docstrings as written, and every valued option's default in its help. A flag's help
+    says what giving it does: its stored default (``--no-coupled … (default: True)``) would read
+    as the opposite."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.nargs == 0:
+            return action.help
+        return super()._get_help_string(action)
 
 
 def cloud_url(text: str) -> str:
@@ -74,7 +85,13 @@ def add_context_arg(p: argparse.ArgumentParser, default: int = 2048) -> None:
 def add_coupled_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-coupled", dest="coupled", action="store_false",
                    help="under sampling, rank draft children by the draft's own log-softmax instead of coupling "
-                        "them to the target's seeded noise (rapid.runtime.coupling)")
+                        "them to the target's seeded noise (rapid.runtime.coupling); without the flag they are coupled")
+
+
+def add_lookup_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lookup", type=int, default=DEFAULT_LOOKUP,
+                   help="prompt-lookup tokens merged into each tree at no draft step (continuations of earlier "
+                        "matches of the last tokens, rapid.runtime.lookup); 0 = off")
 
 
 def add_tree_args(p: argparse.ArgumentParser) -> None:
@@ -86,11 +103,12 @@ def add_tree_args(p: argparse.ArgumentParser) -> None:
                         f"{AUTO_BUDGET_FALLBACK} if it has none")
     p.add_argument("--children", "--topk", dest="topk", type=int, default=2,
                    help="tree children per expanded node (not sampling's --top-k)")
-    p.add_argument("--width", type=int, default=2, help="nodes expanded per step")
+    p.add_argument("--width", type=int, default=2, help="nodes expanded per step (best first, at any depth)")
+    add_lookup_arg(p)
     add_coupled_arg(p)
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=64, help="new tokens to generate at most")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0, help="sampling nucleus (1 = off)")
+    p.add_argument("--top-k", type=int, default=0, help="sampling top-k (0 = off)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (draws depend on (seed, position))")
     p.add_argument("--threads", type=int, default=1, help="torch/ORT threads in this process")

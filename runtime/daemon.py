@@ -36,6 +36,7 @@ import signal
 
 from rapid.auth import client_ssl_context, load_token
 from rapid.errors import RapidError
+from rapid.export.fast_draft import FAST_DRAFT
 from rapid.runtime.args import (
     BACKENDS,
     HelpFormatter,
@@ -73,8 +74,8 @@ def _server_class():
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rapid edge", description=__doc__, formatter_class=HelpFormatter)
-    ap.add_argument("--draft", help="HF id, local folder, .gguf, an export folder (rapid export) or default-draft "
-                                    "(default: default-draft)")
+    ap.add_argument("--draft", help=f"{FAST_DRAFT} (ONNX, int4 weights; built once), an HF id, local folder, .gguf, "
+                                    f"an export folder (rapid export) or default-draft (default: {FAST_DRAFT})")
     ap.add_argument("--engine", "--backend", dest="engine", default="auto",
                     help="draft backend: auto|torch|onnx|trt (an export folder here is read as --draft, deprecated)")
     add_cloud_args(ap)
@@ -117,7 +118,7 @@ def _source_and_backend(args: argparse.Namespace) -> tuple[str, str]:
             raise RapidError(f"--engine {args.engine!r}: choose from {', '.join(BACKENDS)} (the draft goes in --draft)")
         log.warning("--engine EXPORT_DIR is deprecated: pass the folder as --draft (--engine is the backend)")
         return args.engine, "auto"
-    return args.draft or "default-draft", args.engine
+    return args.draft or FAST_DRAFT, args.engine
 
 
 def _listen_address(args: argparse.Namespace) -> tuple[str, int]:

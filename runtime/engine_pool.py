@@ -83,9 +83,10 @@ class Result:
 def http_error(e: Exception) -> tuple[int, str, str | None]:
     """(HTTP status, OpenAI error type, code) of a failed generation.
 
-    ContextFullError (draft or cloud context) → 400 context_length_exceeded; the cloud's
-    verdict deadline → 504; the cloud full → 503; every other cloud error → 502."""
-    if isinstance(e, ContextFullError):
+    ContextFullError (draft or cloud context), or the cloud's ``context`` error (a prompt longer
+    than its context) → 400 context_length_exceeded; the cloud's verdict deadline → 504; the
+    cloud full → 503; every other cloud error → 502."""
+    if isinstance(e, ContextFullError) or (isinstance(e, CloudError) and e.code == "context"):
         return 400, "invalid_request_error", "context_length_exceeded"
     if isinstance(e, CloudError) and e.code == "deadline":
         return 504, "cloud_error", "timeout"

@@ -36,6 +36,18 @@ def test_help_shows_defaults_and_one_name_per_meaning(cmd, flag):
         assert "--children" in out and "--engine" in out  # tree children, and the backend
 
 
+@pytest.mark.parametrize("cmd", ["generate", "edge", "demo"])
+def test_edge_commands_share_the_int4_draft_and_honest_flag_help(cmd):
+    wide = dict(os.environ, COLUMNS="400")  # one line per option
+    out = subprocess.run([sys.executable, "-m", "rapid.cli", cmd, "--help"], capture_output=True, text=True,
+                         timeout=60, env=wide).stdout
+    out = " ".join(out.split())
+    assert "(default: default-draft-int4)" in out
+    assert "--max-tokens MAX_TOKENS new tokens to generate at most (default:" in out
+    assert "without the flag they are coupled" in out and "coupled (default: True)" not in out
+    assert "--lookup LOOKUP" in out
+
+
 @pytest.mark.parametrize("args, says", [
     (("generate", "x", "--cloud", "http//x"), "expected ws://HOST:PORT"),
     (("generate", "x", "--policy", "rapd"), "invalid choice: 'rapd'"),

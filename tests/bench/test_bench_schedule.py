@@ -1,7 +1,10 @@
+import subprocess
+import sys
+
 import pytest
 
 from rapid.bench.contention import Schedule, parse_schedule
-from rapid.bench.prompts import load_sets, pick, truncate_ids
+from rapid.bench.prompts import PromptSetError, load_sets, pick, truncate_ids
 
 
 def test_parse_and_names():
@@ -41,8 +44,18 @@ def test_prompts_builtin_and_truncation(tmp_path):
     assert list(sets) == ["x"] and sets["x"][0].text == "hello"
     assert [p.id for p in pick(sets["x"], 2)] == ["1", "3"]
     assert truncate_ids(list(range(10)), 3) == [7, 8, 9] and truncate_ids([1, 2], 5) == [1, 2]
-    with pytest.raises(ValueError):
+    with pytest.raises(PromptSetError, match="'nope'"):
         load_sets(f, ["nope"])
+
+
+def test_bench_with_a_missing_prompt_set_says_so_in_one_line(tmp_path):
+    f = tmp_path / "x.json"
+    f.write_text('[[1, "a"]]')
+    r = subprocess.run([sys.executable, "-m", "rapid.cli", "bench", "--sets", "oasst", "--prompts", str(f),
+                        "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].startswith("rapid bench: error: prompt sets ['oasst'] not found")
+    assert "Traceback" not in r.stderr
 
 
 def test_load_follows_the_edge_engine_device():

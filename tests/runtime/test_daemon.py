@@ -27,6 +27,9 @@ from rapid.runtime.engine_pool import EdgeService  # noqa: E402
 from rapid.runtime.generate import open_edge_model  # noqa: E402
 from rapid.runtime.tree import TreeParams  # noqa: E402
 from rapid.sampling import SamplingParams  # noqa: E402
+from rapid.server.app import VerifierServer  # noqa: E402
+from rapid.server.background import BackgroundServer  # noqa: E402
+from rapid.server.sessions import Limits  # noqa: E402
 from rapid.server.target import reference_decode  # noqa: E402
 
 
@@ -130,6 +133,25 @@ def test_cloud_down_gives_502(tiny_dir):
         assert e.value.status_code == 502
     finally:
         daemon.close()
+
+
+def test_prompt_longer_than_the_clouds_context_gives_400(tiny_pair, tiny_dir):
+    """The client's error, as an over-long max_tokens is: 400 context_length_exceeded, not 502."""
+    target, _ = tiny_pair
+    folder = tiny_dir("target", seed=0, dtype="float64")
+    cloud = BackgroundServer(VerifierServer(target, Limits(max_context=64)))
+    service = EdgeService([open_edge_model(folder, "torch", 1024)], cloud.url, tree=TreeParams(3, 8, 2, 2),
+                          model_name="tiny")
+    daemon = Daemon(service)
+    try:
+        client = openai.OpenAI(base_url=f"{daemon.base}/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="tiny", prompt="a prompt of far more than sixty-four bytes " * 3,
+                                      max_tokens=4, temperature=0)
+        assert e.value.status_code == 400 and e.value.code == "context_length_exceeded"
+    finally:
+        daemon.close()
+        cloud.close()
 
 
 def test_rapid_edge_process_serves_and_stops_on_sigterm(stack, tiny_dir, tmp_path):
