@@ -181,7 +181,7 @@ ROWOPS_TILE_FN void fma_tile(const float* x, int64_t ldx, const W* wp, int64_t K
             __builtin_prefetch(wq + ROWOPS_PREFETCH_BYTES / sizeof(W));
             wv[cb] = vload(wq);
         }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int r = 0; r < R; ++r) {
             vf xb = vset1(x[r * ldx + k]);
 #pragma GCC unroll 4
@@ -212,13 +212,53 @@ static inline void with_const(int64_t rem, F&& f) {
     }
 }
 
-template <typename W, int CB>
+// TILE_R + 1 … 1.5 TILE_R rows (9-12 on AVX-512) run as ONE tile of 2 column blocks, the same
+// 24 accumulators as 8 x 3: the weights pass once instead of once per tile (LM head, Zen 5: 8 + 1
+// rows cost 1.3x 8 rows; 12 rows as one tile 1.07x). One block of up to 24 rows was slower than
+// two balanced tiles (broadcast-bound). Past 12 rows, balanced tiles of TILE_R x TILE_CB.
+constexpr int WIDE2_R = TILE_R * TILE_CB / 2;
+
+// f(std::integral_constant<int, cb>, nb) over column blocks [nb_begin, nb_end): steps of CBS, the
+// tail (fewer than CBS blocks) in one step.
+template <int CBS, typename F>
+static inline void column_steps(int64_t nb_begin, int64_t nb_end, F&& f) {
+    int64_t nb = nb_begin;
+    for (; nb + CBS <= nb_end; nb += CBS) f(std::integral_constant<int, CBS>{}, nb);
+    with_const<CBS - 1>(nb_end - nb, [&](auto c) { f(c, nb); });
+}
+
+// f(cb, rmax, nb) for the tile shape M rows take (above): column steps of cb blocks, at most
+// rmax rows per tile (both std::integral_constant).
+template <typename F>
+static inline void by_shape(int64_t M, int64_t nb_begin, int64_t nb_end, F&& f) {
+    using std::integral_constant;
+    if (M > TILE_R && M <= WIDE2_R)
+        column_steps<2>(nb_begin, nb_end, [&](auto c, int64_t nb) { f(c, integral_constant<int, WIDE2_R>{}, nb); });
+    else
+        column_steps<TILE_CB>(nb_begin, nb_end, [&](auto c, int64_t nb) { f(c, integral_constant<int, TILE_R>{}, nb); });
+}
+
+// Rows in ceil(M / RMAX) tiles whose sizes differ by at most one (17 rows: 5 + 6 + 6, not
+// 8 + 8 + 1): a 1-row tile has CB accumulators, too few to hide the multiply-add latency, and
+// costs about as much as a full tile. Tile shapes never change an output's arithmetic.
+template <int RMAX, typename F>
+static inline void balanced_tiles(int64_t M, F&& tile) {
+    const int64_t tiles = (M + RMAX - 1) / RMAX;
+    int64_t m = 0;
+    for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t rows = (M - m) / (tiles - t);
+        tile(m, rows);
+        m += rows;
+    }
+}
+
+template <typename W, int CB, int RMAX>
 static void fma_rows(const float* x, int64_t M, int64_t K, const W* wp, const float* b, float* y, int64_t N,
                      int64_t nb0) {
-    int64_t m = 0;
-    for (; m + TILE_R <= M; m += TILE_R) fma_tile<W, TILE_R, CB>(x + m * K, K, wp, K, b, y + m * N, N, N, nb0);
-    with_const<TILE_R - 1>(M - m, [&](auto r) {
-        fma_tile<W, decltype(r)::value, CB>(x + m * K, K, wp, K, b, y + m * N, N, N, nb0);
+    balanced_tiles<RMAX>(M, [&](int64_t m, int64_t rows) {
+        with_const<RMAX>(rows, [&](auto r) {
+            fma_tile<W, decltype(r)::value, CB>(x + m * K, K, wp, K, b, y + m * N, N, N, nb0);
+        });
     });
 }
 
@@ -226,9 +266,9 @@ static void fma_rows(const float* x, int64_t M, int64_t K, const W* wp, const fl
 template <typename W>
 static void linear_fma(const float* x, int64_t M, int64_t K, const W* wp, int64_t N, const float* b, float* y,
                        int64_t nb_begin, int64_t nb_end) {
-    int64_t nb = nb_begin;
-    for (; nb + TILE_CB <= nb_end; nb += TILE_CB) fma_rows<W, TILE_CB>(x, M, K, wp, b, y, N, nb);
-    with_const<TILE_CB - 1>(nb_end - nb, [&](auto c) { fma_rows<W, decltype(c)::value>(x, M, K, wp, b, y, N, nb); });
+    by_shape(M, nb_begin, nb_end, [&](auto c, auto rmax, int64_t nb) {
+        fma_rows<W, decltype(c)::value, decltype(rmax)::value>(x, M, K, wp, b, y, N, nb);
+    });
 }
 
 #if defined(ROWOPS_DPBF16)
@@ -256,7 +296,7 @@ ROWOPS_TILE_FN void dp_tile(const uint16_t* xb, int64_t ldx, const uint16_t* wp,
             __builtin_prefetch(wq + ROWOPS_PREFETCH_BYTES / sizeof(uint16_t));
             wv[cb] = _mm512_loadu_si512(reinterpret_cast<const void*>(wq));
         }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int r = 0; r < R; ++r) {
             int32_t pair;
             std::memcpy(&pair, xb + r * ldx + 2 * p, 4);
@@ -276,14 +316,14 @@ static inline uint16_t bf16_rne(float f) {  // what VCVTNEPS2BF16 does for finit
     return uint16_t(u >> 16);
 }
 
-template <int CB>
+template <int CB, int RMAX>
 static void dp_rows(const uint16_t* xb, int64_t M, int64_t kp, const uint16_t* wp, const float* b, float* y,
                     int64_t N, int64_t nb0) {
     const int64_t ldx = 2 * kp;
-    int64_t m = 0;
-    for (; m + TILE_R <= M; m += TILE_R) dp_tile<TILE_R, CB>(xb + m * ldx, ldx, wp, kp, b, y + m * N, N, N, nb0);
-    with_const<TILE_R - 1>(M - m, [&](auto r) {
-        dp_tile<decltype(r)::value, CB>(xb + m * ldx, ldx, wp, kp, b, y + m * N, N, N, nb0);
+    balanced_tiles<RMAX>(M, [&](int64_t m, int64_t rows) {
+        with_const<RMAX>(rows, [&](auto r) {
+            dp_tile<decltype(r)::value, CB>(xb + m * ldx, ldx, wp, kp, b, y + m * N, N, N, nb0);
+        });
     });
 }
 
@@ -293,9 +333,9 @@ static void linear_dp(const float* x, int64_t M, int64_t K, const uint16_t* wp, 
     std::vector<uint16_t> xb(size_t(M * 2 * kp), 0);
     for (int64_t m = 0; m < M; ++m)
         for (int64_t k = 0; k < K; ++k) xb[m * 2 * kp + k] = bf16_rne(x[m * K + k]);
-    int64_t nb = nb_begin;
-    for (; nb + TILE_CB <= nb_end; nb += TILE_CB) dp_rows<TILE_CB>(xb.data(), M, kp, wp, b, y, N, nb);
-    with_const<TILE_CB - 1>(nb_end - nb, [&](auto c) { dp_rows<decltype(c)::value>(xb.data(), M, kp, wp, b, y, N, nb); });
+    by_shape(M, nb_begin, nb_end, [&](auto c, auto rmax, int64_t nb) {
+        dp_rows<decltype(c)::value, decltype(rmax)::value>(xb.data(), M, kp, wp, b, y, N, nb);
+    });
 }
 
 static int64_t packed_size_bf16(int64_t N, int64_t K) { return (N + VW - 1) / VW * VW * ((K + 1) / 2) * 2; }
