@@ -36,7 +36,7 @@ from rapid.errors import RapidError
 from rapid.geometry import ROOT, ancestor_mask, causal_allowed, node_positions
 from rapid.runtime.coupling import coupled_top
 from rapid.runtime.ipdg import ProactiveRoot, VerdictPlan, choose_proactive_root, plan_verdict
-from rapid.runtime.lookup import lookup_continuations
+from rapid.runtime.lookup import LookupStats, lookup_continuations
 from rapid.runtime.tree import TokenTree, TreeParams, best_tokens
 from rapid.sampling import SamplingParams, log_softmax
 
@@ -80,6 +80,8 @@ class Drafter:
         self.branch_node: int | None = None
         self._branch_width = params.width
         self.sampling = SamplingParams()
+        self.lookup = LookupStats(params.lookup_p)
+        self._proposed: list[list[int]] = []  # lookup continuations in the active tree
 
     # ---- set-up ---------------------------------------------------------------------------
     def start(self, prompt: Sequence[int], sampling: SamplingParams | None = None) -> None:
@@ -94,6 +96,8 @@ class Drafter:
         self.branch = None  # a request that ended mid-round may have left a branch behind
         self.branch_node = None
         self._branch_width = self.params.width
+        self.lookup = LookupStats(self.params.lookup_p)
+        self._proposed = []
 
     @property
     def root_position(self) -> int:
@@ -182,11 +186,13 @@ class Drafter:
         return rec
 
     def add_lookup(self) -> None:
-        """Merge the prompt-lookup continuations of the committed tokens into the active tree
-        (``rapid.runtime.lookup``; none with ``params.lookup == 0``). The caller prunes."""
+        """Merge the prompt-lookup continuations of the committed tokens into the active tree,
+        each token scoring log of the request's learnt ``LookupStats.p`` (``rapid.runtime.lookup``;
+        none with ``params.lookup == 0``). The caller prunes."""
         p = self.params
-        for cont in lookup_continuations(self.committed, p.lookup, p.lookup_branches):
-            self.tree.add_chain(cont, math.log(p.lookup_p), self.stop_ids)
+        self._proposed = lookup_continuations(self.committed, p.lookup, p.lookup_branches)
+        for cont in self._proposed:
+            self.tree.add_chain(cont, math.log(self.lookup.p), self.stop_ids)
 
     def _frontier(self, under: int | None) -> list[int]:
         if under is None:
@@ -296,6 +302,8 @@ class Drafter:
         """Commit path + bonus; keep the branch if it guessed right, else everything is dropped."""
         levels_kept = self.branch_levels()
         plan = plan_verdict(self.tree, path, bonus, self.prefix_len)
+        self.lookup.observe(self._proposed, plan.emitted)
+        self._proposed = []
         self.engine.compact(plan.keep_slots, self.prefix_len)
         self.prefix_len += plan.prefix_grow
         self.committed.extend(plan.emitted)

@@ -19,7 +19,8 @@ set is closed under ancestors (ties go to the earlier, i.e. shallower, node). A 
 most one level per step, so L steps give depth ≤ L; the tree's shape is the scores' choice.
 
 Prompt-lookup chains (``rapid.runtime.lookup``) join the same tree at no draft step: token
-``c_d`` of a continuation hangs below ``c_{d-1}`` with score ``S(parent) + log lookup_p``. A
+``c_d`` of a continuation hangs below ``c_{d-1}`` with score ``S(parent) + log p`` (p learnt
+per request from how often lookup tokens were right, prior ``lookup_p``). A
 token that already is a child of that parent is merged into it (the higher score wins), so a
 node never has two children with one token.
 
@@ -52,7 +53,7 @@ class TreeParams:
     coupled: bool = True  # under sampling, rank children by the target's noise (rapid.runtime.coupling)
     lookup: int = 8  # prompt-lookup continuation tokens merged into each tree (0 = none; rapid.runtime.lookup)
     lookup_branches: int = 2  # distinct continuations per tree
-    lookup_p: float = 0.5  # the probability a lookup token scores, per token (it competes for the budget)
+    lookup_p: float = 0.5  # prior P(lookup token right), learnt per request (rapid.runtime.lookup.LookupStats)
 
     def for_cloud(self, max_nodes: int, flat_nodes: int) -> TreeParams:
         """The params for one session: with ``auto_budget`` the budget becomes

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rapid.runtime.lookup import lookup_continuations
+from rapid.runtime.lookup import DECAY, P_MAX, PRIOR_WEIGHT, LookupStats, lookup_continuations
 
 
 def reference(ctx: list[int], length: int, branches: int, max_ngram: int, min_ngram: int) -> list[list[int]]:
@@ -48,3 +48,21 @@ def test_most_recent_longest_match_first():
 def test_bad_ngram_range_is_an_error():
     with pytest.raises(ValueError):
         lookup_continuations([1, 2], 2, max_ngram=1, min_ngram=2)
+
+
+def test_stats_learn_from_verdicts():
+    s = LookupStats(prior=0.5)
+    assert s.p == 0.5
+    for _ in range(20):
+        s.observe([[1, 2, 3, 4]], [1, 2, 3, 4, 5])  # always right (censored: no mismatch seen)
+    assert s.p == P_MAX
+    s = LookupStats(prior=0.5)
+    for _ in range(40):
+        s.observe([[7, 8]], [1, 2])  # always wrong at the first token
+    assert s.p < 0.1  # the prior keeps ~1 pseudo-hit in a decayed window of ~10 tries
+    s = LookupStats(prior=0.5)
+    s.observe([[1, 2, 9], [5]], [1, 2, 3])  # 2 hits + 1 miss, then 0 hits + 1 miss
+    assert s.hits == 2 and s.tries == 4
+    assert s.p == pytest.approx((2 + PRIOR_WEIGHT * 0.5) / (4 + PRIOR_WEIGHT))
+    s.observe([], [1])
+    assert s.hits == pytest.approx(2 * DECAY) and s.tries == pytest.approx(4 * DECAY)
