@@ -12,7 +12,7 @@ from rapid.bench.prompts import default_prompt_dir
 from rapid.bench.report import write_report
 from rapid.bench.runner import BenchConfig, run_bench
 from rapid.bench.sim_report import run_sim_cli
-from rapid.runtime.args import add_coupled_arg, add_lookup_arg, budget_arg
+from rapid.runtime.args import add_coupled_arg, add_growth_args, budget_arg
 
 # 4 min on the default pair (2 cores): the sustained-load comparison only, short prompts and outputs
 QUICK = dict(policies="fixed,rapid", sets="c4", n_prompts=1, token_budget=32, max_new=8,
@@ -43,6 +43,7 @@ def bench_parser() -> argparse.ArgumentParser:
     ap.add_argument("--peers", action="store_const", const=True, default=None,
                     help="also run HF assisted and prompt-lookup generation on the same prompts "
                          "(rapid.bench.peers; default: only with --vs-ar)")
+    ap.add_argument("--no-peers", dest="peers", action="store_const", const=False, help="not even with --vs-ar")
     ap.add_argument("--draft", default="default-draft-int4",
                     help="default-draft-int4 (ONNX int4, built once), an export folder or a model spec")
     ap.add_argument("--dtype", default="auto", help="the target's dtype: auto|bfloat16|float32|float64")
@@ -64,7 +65,7 @@ def bench_parser() -> argparse.ArgumentParser:
     ap.add_argument("--budget", type=budget_arg, default="auto", help="tree nodes per round, or auto (the cloud's flat verify size)")
     ap.add_argument("--topk", type=int, default=2)
     ap.add_argument("--width", type=int, default=2)
-    add_lookup_arg(ap)
+    add_growth_args(ap)
     ap.add_argument("--edge-cpu", type=int, default=0)
     ap.add_argument("--cloud-cpu", type=int, default=1)
     ap.add_argument("--engine", default="auto", help="torch|onnx|trt|auto (auto: onnx for an export folder)")
@@ -102,7 +103,7 @@ def main_bench(argv: list[str]) -> int:
         token_budget=opt("token_budget", a.token_budget), max_new=opt("max_new", a.max_tokens),
         schedules=_csv(opt("schedules", a.contention)), profiles=_csv(opt("profiles", a.profiles)),
         repeats=opt("repeats", a.repeats),
-        depth=a.depth, budget=a.budget, topk=a.topk, width=a.width, lookup=a.lookup, edge_cpu=a.edge_cpu, cloud_cpu=a.cloud_cpu,
+        depth=a.depth, budget=a.budget, topk=a.topk, width=a.width, lookup=a.lookup, min_p=a.min_p, edge_cpu=a.edge_cpu, cloud_cpu=a.cloud_cpu,
         net=a.net, seed=a.seed, temperature=a.temperature, top_p=a.top_p, coupled=a.coupled, engine=a.engine, smoke=a.smoke, progress=not a.no_progress,
         carry_controller=not a.fresh_controller, load_device=a.load_device,
         peers=bool(opt("peers", a.peers)) and not a.smoke)

@@ -36,7 +36,7 @@ from rapid.export.fast_draft import resolve_draft
 from rapid.manifest import is_export_dir, load_manifest
 from rapid.precision import choose_dtype, cpu_flags
 from rapid.procs import free_port, start_listening, stop_server
-from rapid.runtime.args import DEFAULT_LOOKUP, tree_params
+from rapid.runtime.args import DEFAULT_LOOKUP, DEFAULT_MIN_P, tree_params
 from rapid.runtime.coordinator import CoordinatorConfig, assemble, controller_for
 from rapid.runtime.generate import open_edge_model
 from rapid.runtime.policies import get_policy
@@ -64,6 +64,7 @@ class BenchConfig:
     topk: int = 2
     width: int = 2
     lookup: int = DEFAULT_LOOKUP  # prompt-lookup tokens per tree (rapid.runtime.lookup)
+    min_p: float = DEFAULT_MIN_P  # TreeParams.min_p
     edge_cpu: int = 0
     cloud_cpu: int = 1
     net: str = "auto"  # auto | netem | transport
@@ -146,7 +147,7 @@ def run_bench(cfg: BenchConfig) -> Path:
     pinned = pin(edge_cpus)
     edge = open_edge_model(draft, cfg.engine, 2048, 1)
     load_device = load_device_for(edge.engine.info.device, cfg.load_device)
-    tree = tree_params(cfg.depth, cfg.budget, cfg.topk, cfg.width, cfg.coupled, cfg.lookup)
+    tree = tree_params(cfg.depth, cfg.budget, cfg.topk, cfg.width, cfg.coupled, cfg.lookup, cfg.min_p)
     sampling = SamplingParams(cfg.temperature, cfg.top_p, 0, cfg.seed)
     encoded = {k: [(p, truncate_ids(list(edge.tokenizer(p.text)["input_ids"]), cfg.token_budget)) for p in v]
                for k, v in chosen.items()}

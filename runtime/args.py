@@ -13,7 +13,7 @@ import argparse
 import urllib.parse
 
 from rapid.runtime.policies import POLICIES
-from rapid.runtime.tree import AUTO_BUDGET_CAP, AUTO_BUDGET_FALLBACK, AUTO_BUDGET_MIN, TreeParams
+from rapid.runtime.tree import AUTO_BUDGET_CAP, AUTO_BUDGET_MIN, TreeParams
 
 
 def budget_arg(text: str) -> int | str:
@@ -30,19 +30,22 @@ def budget_arg(text: str) -> int | str:
 
 
 DEFAULT_LOOKUP = TreeParams().lookup
+DEFAULT_MIN_P = 0.03  # with the auto budget's floor of 11 nodes: vs-ar bench median 1.83x vs 1.69x without
+# (Zen 5, bf16 row kernels); TreeParams itself defaults to no floor (tests rely on exact shapes)
 
 
 def tree_params(depth: int, budget: int | str, topk: int, width: int, coupled: bool = True,
-                lookup: int = DEFAULT_LOOKUP) -> TreeParams:
+                lookup: int = DEFAULT_LOOKUP, min_p: float = DEFAULT_MIN_P) -> TreeParams:
     """TreeParams from the command line's values (``budget`` may be ``auto``)."""
     if budget == "auto":
-        return TreeParams(depth, AUTO_BUDGET_CAP, topk, width, auto_budget=True, coupled=coupled, lookup=lookup)
-    return TreeParams(depth, int(budget), topk, width, coupled=coupled, lookup=lookup)
+        return TreeParams(depth, AUTO_BUDGET_CAP, topk, width, auto_budget=True, coupled=coupled, lookup=lookup,
+                          min_p=min_p)
+    return TreeParams(depth, int(budget), topk, width, coupled=coupled, lookup=lookup, min_p=min_p)
 
 
 def tree_params_of(args: argparse.Namespace) -> TreeParams:
     """TreeParams from the options ``add_tree_args`` added."""
-    return tree_params(args.depth, args.budget, args.topk, args.width, args.coupled, args.lookup)
+    return tree_params(args.depth, args.budget, args.topk, args.width, args.coupled, args.lookup, args.min_p)
 
 
 BACKENDS = ("auto", "torch", "onnx", "trt")
@@ -88,10 +91,13 @@ def add_coupled_arg(p: argparse.ArgumentParser) -> None:
                         "them to the target's seeded noise (rapid.runtime.coupling); without the flag they are coupled")
 
 
-def add_lookup_arg(p: argparse.ArgumentParser) -> None:
+def add_growth_args(p: argparse.ArgumentParser) -> None:
+    """The tree-growth options the edge commands and the bench share."""
     p.add_argument("--lookup", type=int, default=DEFAULT_LOOKUP,
                    help="prompt-lookup tokens merged into each tree at no draft step (continuations of earlier "
                         "matches of the last tokens, rapid.runtime.lookup); 0 = off")
+    p.add_argument("--min-p", type=float, default=DEFAULT_MIN_P,
+                   help="send no tree node whose path probability (draft, or learnt lookup) is below this; 0 = off")
 
 
 def add_tree_args(p: argparse.ArgumentParser) -> None:
@@ -99,12 +105,12 @@ def add_tree_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--depth", type=int, default=4, help="tree depth (fixed policies) / initial depth (CAAC)")
     p.add_argument("--budget", type=budget_arg, default="auto",
                    help="max tree nodes kept per round, or auto: as many as the cloud verifies at about one "
-                        f"step's cost (its measured verify curve), at least {AUTO_BUDGET_MIN}; "
-                        f"{AUTO_BUDGET_FALLBACK} if it has none")
+                        f"step's cost (its measured verify curve), at least {AUTO_BUDGET_MIN} (--min-p keeps "
+                        "unlikely nodes out)")
     p.add_argument("--children", "--topk", dest="topk", type=int, default=2,
                    help="tree children per expanded node (not sampling's --top-k)")
     p.add_argument("--width", type=int, default=2, help="nodes expanded per step (best first, at any depth)")
-    add_lookup_arg(p)
+    add_growth_args(p)
     add_coupled_arg(p)
     p.add_argument("--max-tokens", type=int, default=64, help="new tokens to generate at most")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")

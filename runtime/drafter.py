@@ -205,10 +205,10 @@ class Drafter:
 
     def _prune(self, under: int | None) -> None:
         if under is None:
-            self.tree.prune(self.params.budget)
+            self.tree.prune(self.params.budget, floor=self.params.floor)
             return
         # In a branch, prune only the branch's own nodes; D_i (sent to the cloud) stays intact.
-        kept = self.tree.prune(self.params.budget, among=self._below(under))
+        kept = self.tree.prune(self.params.budget, among=self._below(under), floor=self.params.floor)
         self.branch_node = kept.index(self.branch_node) if self.branch_node is not None else None
 
     def draft(self, depth: int, on_step: Callable[[StepRecord], None] | None = None,
@@ -314,5 +314,5 @@ class Drafter:
         self.branch_node = None
         if self.levels:  # a kept branch skips step 0, where lookup candidates join a new tree
             self.add_lookup()
-            self.tree.prune(self.params.budget)
+            self.tree.prune(self.params.budget, floor=self.params.floor)
         return plan

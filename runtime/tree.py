@@ -30,6 +30,7 @@ positions of fed nodes come from ``rapid.geometry`` (the same builder the target
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -38,9 +39,9 @@ from rapid.geometry import ROOT
 from rapid.sampling import top_k_ids
 
 AUTO_BUDGET_CAP = 64  # ``--budget auto``: never more nodes than this,
-AUTO_BUDGET_MIN = 6  # never fewer (a depth-4 chain plus first-level alternatives: with 4 nodes the
-# code demo prompts lost 15-20 % tok/s to budget 6/8 on the bf16 CPU target, whose flat size is 4-7),
-AUTO_BUDGET_FALLBACK = 8  # and this many when the cloud reports no verify curve
+AUTO_BUDGET_MIN = 11  # never fewer: 12 rows are one tile of the row kernels (T=12 ~1.3x T=1 on Zen 5),
+# and ``min_p`` keeps unlikely nodes out, so the tree only fills it when the draft or lookup is sure
+# (vs-ar bench, Zen 5: budget 11 + min_p 0.03 median 1.83x, budget 6 1.69x; sent 4-9 nodes per set)
 
 
 @dataclass(slots=True, frozen=True)
@@ -54,13 +55,20 @@ class TreeParams:
     lookup: int = 8  # prompt-lookup continuation tokens merged into each tree (0 = none; rapid.runtime.lookup)
     lookup_branches: int = 2  # distinct continuations per tree
     lookup_p: float = 0.5  # prior P(lookup token right), learnt per request (rapid.runtime.lookup.LookupStats)
+    min_p: float = 0.0  # send no node whose path probability exp(score) is below this (the best one always;
+    # the commands' default is rapid.runtime.args.DEFAULT_MIN_P)
+
+    @property
+    def floor(self) -> float:
+        """log(min_p): the lowest score a kept node may have (-inf: no floor)."""
+        return math.log(self.min_p) if self.min_p > 0 else -math.inf
 
     def for_cloud(self, max_nodes: int, flat_nodes: int) -> TreeParams:
         """The params for one session: with ``auto_budget`` the budget becomes
-        ``min(budget, max_nodes, max(AUTO_BUDGET_MIN, flat_nodes or AUTO_BUDGET_FALLBACK))``."""
+        ``min(budget, max_nodes, max(AUTO_BUDGET_MIN, flat_nodes))`` (0 flat nodes: no curve)."""
         if not self.auto_budget:
             return self
-        want = max(AUTO_BUDGET_MIN, flat_nodes or AUTO_BUDGET_FALLBACK)
+        want = max(AUTO_BUDGET_MIN, flat_nodes)
         return replace(self, budget=max(1, min(self.budget, max_nodes, want)))
 
     def __post_init__(self) -> None:
@@ -69,6 +77,8 @@ class TreeParams:
                 raise ValueError(f"TreeParams.{name} must be >= 1, got {getattr(self, name)}")
         if self.lookup < 0:
             raise ValueError(f"TreeParams.lookup must be >= 0, got {self.lookup}")
+        if not 0.0 <= self.min_p < 1.0:
+            raise ValueError(f"TreeParams.min_p must be in [0, 1), got {self.min_p}")
         if not 0.0 < self.lookup_p <= 1.0:
             raise ValueError(f"TreeParams.lookup_p must be in (0, 1], got {self.lookup_p}")
 
@@ -178,17 +188,19 @@ class TokenTree:
         cand.sort(key=lambda i: (-self.score[i], i))
         return sorted(cand[:width])
 
-    def prune(self, budget: int, among: list[int] | None = None) -> list[int]:
-        """Keep the ``budget`` best nodes (ancestor-closed); return the kept old indices.
+    def prune(self, budget: int, among: list[int] | None = None, floor: float = -math.inf) -> list[int]:
+        """Keep the ``budget`` best nodes (ancestor-closed), none scoring below ``floor`` but the
+        best one; return the kept old indices.
 
         With ``among``, only those nodes compete for the budget and every other node is kept
         (a proactive branch is pruned without touching the tree already sent to the cloud).
         """
         cand = list(range(len(self))) if among is None else among
-        if len(cand) <= budget:
-            return list(range(len(self)))
         order = sorted(cand, key=lambda i: (-self.score[i], self.depth[i], i))
-        drop = set(order[budget:])
+        keep = [i for n, i in enumerate(order[:budget]) if n == 0 or self.score[i] >= floor]
+        if len(keep) == len(cand):
+            return list(range(len(self)))
+        drop = set(cand) - set(keep)
         # Ties could in principle drop a parent while keeping a child: close under ancestors.
         kept = [i for i in range(len(self)) if i not in drop and not drop.intersection(self.path(i))]
         self.select(kept)

@@ -302,3 +302,16 @@ def test_best_tokens_selection_breaks_boundary_ties_by_id():
 def test_tree_params_lookup_validation(bad):
     with pytest.raises(ValueError):
         TreeParams(**bad)
+
+
+def test_prune_floor_drops_unlikely_nodes_but_keeps_the_best():
+    tree = TokenTree(tokens=[1, 2, 3, 4], parents=[ROOT, ROOT, 0, 2], depth=[1, 1, 2, 3],
+                     score=[np.log(0.6), np.log(0.01), np.log(0.3), np.log(0.04)], slot=[-1] * 4, top=[None] * 4)
+    kept = tree.copy().prune(8, floor=np.log(0.05))
+    assert kept == [0, 2]
+    low = TokenTree(tokens=[1, 2], parents=[ROOT, ROOT], depth=[1, 1], score=[np.log(0.02), np.log(0.01)],
+                    slot=[-1] * 2, top=[None] * 2)
+    assert low.prune(8, floor=np.log(0.05)) == [0]  # never an empty tree
+    assert TreeParams(min_p=0.05).floor == pytest.approx(np.log(0.05)) and TreeParams().floor == -np.inf
+    with pytest.raises(ValueError):
+        TreeParams(min_p=1.0)

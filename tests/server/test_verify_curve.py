@@ -61,20 +61,22 @@ def test_budget_argument():
         with pytest.raises(Exception, match="budget"):
             budget_arg(bad)
     auto = tree_params(4, "auto", 2, 2)
-    assert auto.auto_budget and auto.for_cloud(64, 12).budget == 12
-    assert auto.for_cloud(64, 3).budget == 6  # the floor: room for a depth-4 chain and alternatives
-    assert auto.for_cloud(64, 0).budget == 8  # no curve from the cloud: the fallback
+    assert auto.auto_budget and auto.for_cloud(64, 14).budget == 14
+    assert auto.for_cloud(64, 3).budget == 11  # the floor: one 12-row tile; min_p trims unlikely nodes
+    assert auto.for_cloud(64, 0).budget == 11  # no curve from the cloud: the floor
     assert auto.for_cloud(64, 500).budget == 64  # the cap
     assert auto.for_cloud(3, 5).budget == 3  # never above the cloud's limit
     assert tree_params(4, 6, 2, 2).for_cloud(64, 20).budget == 6  # an explicit budget is kept
 
 
 def _auto_run(tiny_pair, capacity: int, prompt: list[int], max_new: int):
-    """One `rapid` generation with --budget auto against a cloud that reports 7 flat nodes."""
+    """One `rapid` generation with --budget auto against a cloud that reports 14 flat nodes (no
+    min_p floor: the budget alone shapes the trees)."""
     target, drafts = tiny_pair
-    server = BackgroundServer(VerifierServer(target, flat_nodes=7))
+    server = BackgroundServer(VerifierServer(target, flat_nodes=14))
     try:
-        coord = assemble(TorchEngine(drafts["same"], capacity=capacity), tree_params(4, "auto", 2, 2), (EOS_ID,),
+        coord = assemble(TorchEngine(drafts["same"], capacity=capacity), tree_params(4, "auto", 2, 2, min_p=0.0),
+                         (EOS_ID,),
                          server.url, "rapid", CoordinatorConfig(depth=4))
         gen = asyncio.run(coord.generate(prompt, max_new, SamplingParams()))
     finally:
@@ -84,7 +86,7 @@ def _auto_run(tiny_pair, capacity: int, prompt: list[int], max_new: int):
 
 
 def test_auto_budget_trees_follow_the_clouds_flat_size(tiny_pair):
-    assert _auto_run(tiny_pair, 512, list(b"flat curve"), 24) == 7
+    assert _auto_run(tiny_pair, 512, list(b"flat curve"), 24) == 14
 
 
 def test_auto_budget_fits_a_small_draft_context(tiny_pair):
