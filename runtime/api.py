@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from rapid.auth import client_ssl_context, load_token
-from rapid.runtime.args import tree_params
+from rapid.runtime.args import default_tree
 from rapid.runtime.coordinator import CoordinatorConfig
 from rapid.runtime.generate import encode_prompt, generate_text, open_edge_model
 from rapid.runtime.link import CloudLink
@@ -61,7 +61,7 @@ class Edge:
                  capacity: int = 2048, threads: int = 1, policy: str = "rapid", tree: TreeParams | None = None,
                  token: str | None = None, cafile: str | None = None) -> None:
         self.cloud, self.policy = cloud, policy
-        self.tree = tree or tree_params(4, "auto", 2, 2)  # the CLI's defaults
+        self.tree = tree or default_tree()
         self.token = token if token is not None else load_token(None)
         self.ssl = client_ssl_context(cloud, cafile)
         self.model = open_edge_model(draft, backend, capacity, threads)

@@ -43,6 +43,16 @@ def tree_params(depth: int, budget: int | str, topk: int, width: int, coupled: b
     return TreeParams(depth, int(budget), topk, width, coupled=coupled, lookup=lookup, min_p=min_p)
 
 
+# The edge's tree defaults, for the command line and for code that builds an edge without it
+# (rapid.runtime.api.Edge, EdgeService(tree=None)): one place.
+DEFAULT_DEPTH, DEFAULT_BUDGET, DEFAULT_CHILDREN, DEFAULT_WIDTH = 4, "auto", 2, 2
+
+
+def default_tree() -> TreeParams:
+    """The tree every edge command gets without tree options."""
+    return tree_params(DEFAULT_DEPTH, DEFAULT_BUDGET, DEFAULT_CHILDREN, DEFAULT_WIDTH)
+
+
 def tree_params_of(args: argparse.Namespace) -> TreeParams:
     """TreeParams from the options ``add_tree_args`` added."""
     return tree_params(args.depth, args.budget, args.topk, args.width, args.coupled, args.lookup, args.min_p)
@@ -102,14 +112,14 @@ def add_growth_args(p: argparse.ArgumentParser) -> None:
 
 def add_tree_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="rapid", choices=list(POLICIES), help="speculation policy")
-    p.add_argument("--depth", type=int, default=4, help="tree depth (fixed policies) / initial depth (CAAC)")
-    p.add_argument("--budget", type=budget_arg, default="auto",
+    p.add_argument("--depth", type=int, default=DEFAULT_DEPTH, help="tree depth (fixed policies) / initial depth (CAAC)")
+    p.add_argument("--budget", type=budget_arg, default=DEFAULT_BUDGET,
                    help="max tree nodes kept per round, or auto: as many as the cloud verifies at about one "
                         f"step's cost (its measured verify curve), at least {AUTO_BUDGET_MIN} (--min-p keeps "
                         "unlikely nodes out)")
-    p.add_argument("--children", "--topk", dest="topk", type=int, default=2,
+    p.add_argument("--children", "--topk", dest="topk", type=int, default=DEFAULT_CHILDREN,
                    help="tree children per expanded node (not sampling's --top-k)")
-    p.add_argument("--width", type=int, default=2, help="nodes expanded per step (best first, at any depth)")
+    p.add_argument("--width", type=int, default=DEFAULT_WIDTH, help="nodes expanded per step (best first, at any depth)")
     add_growth_args(p)
     add_coupled_arg(p)
     p.add_argument("--max-tokens", type=int, default=64, help="new tokens to generate at most")

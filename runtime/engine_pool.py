@@ -20,6 +20,7 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from rapid.errors import ContextFullError, RapidError
+from rapid.runtime.args import default_tree
 from rapid.runtime.coordinator import CoordinatorConfig, assemble, controller_for
 from rapid.runtime.detok import Detokenizer
 from rapid.runtime.edge_metrics import EdgeMetrics
@@ -123,7 +124,7 @@ class EdgeService:
         self.tokenizer = edges[0].tokenizer
         self.cloud, self.token, self.ssl = cloud, token, ssl
         self.policy = get_policy(policy)
-        self.tree = tree or TreeParams()
+        self.tree = tree or default_tree()  # the edge commands' tree
         self.model_name = model_name
         self.link_options = link_options or {}
         self.metrics = EdgeMetrics()
