@@ -64,9 +64,9 @@ def run_peers(target_path: str, draft_path: str, dtype: str, encoded: dict[str, 
     tdtype = getattr(torch, dtype)
     target, draft = _load(target_path, tdtype), _load(draft_path, tdtype)
     methods = _methods(draft)
-    x = torch.tensor([next(iter(encoded.values()))[0][1]])
+    first = next(iter(encoded.values()))[0][1]
     for extra in methods.values():  # warm-up: first forwards, lazy init
-        _generate(target, x[0].tolist(), 4, extra)
+        _generate(target, first, 4, extra)
     with open(out / "peers.jsonl", "a", encoding="utf-8") as f:
         for rep in range(repeats):
             for set_name, items in encoded.items():

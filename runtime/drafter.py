@@ -231,10 +231,10 @@ class Drafter:
         return recs
 
     def _confidence(self) -> float:
-        lv = self.tree.frontier(len(self.tree), stop_ids=self.stop_ids)
-        if not lv:
+        best_one = self.tree.frontier(1, stop_ids=self.stop_ids)  # the best expandable node
+        if not best_one:
             return 0.0
-        best = max(lv, key=lambda i: self.tree.score[i])
+        best = best_one[0]
         par = self.tree.parents[best]
         return math.exp(self.tree.score[best] - (0.0 if par == ROOT else self.tree.score[par]))
 
