@@ -12,7 +12,15 @@ from rapid.bench.prompts import default_prompt_dir
 from rapid.bench.report import write_report
 from rapid.bench.runner import BenchConfig, run_bench
 from rapid.bench.sim_report import run_sim_cli
-from rapid.runtime.args import add_coupled_arg, add_growth_args, budget_arg
+from rapid.runtime.args import (
+    DEFAULT_BUDGET,
+    DEFAULT_CHILDREN,
+    DEFAULT_DEPTH,
+    DEFAULT_WIDTH,
+    add_coupled_arg,
+    add_growth_args,
+    budget_arg,
+)
 
 # 4 min on the default pair (2 cores): the sustained-load comparison only, short prompts and outputs
 QUICK = dict(policies="fixed,rapid", sets="c4", n_prompts=1, token_budget=32, max_new=8,
@@ -61,10 +69,11 @@ def bench_parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, help="repeats per cell (default 3)")
     ap.add_argument("--net", default="auto", choices=["auto", "netem", "transport"],
                     help="real netns+netem link, delay in the transport, or auto (netem if permitted)")
-    ap.add_argument("--depth", type=int, default=4)
-    ap.add_argument("--budget", type=budget_arg, default="auto", help="tree nodes per round, or auto (the cloud's flat verify size)")
-    ap.add_argument("--topk", type=int, default=2)
-    ap.add_argument("--width", type=int, default=2)
+    ap.add_argument("--depth", type=int, default=DEFAULT_DEPTH)
+    ap.add_argument("--budget", type=budget_arg, default=DEFAULT_BUDGET,
+                    help="tree nodes per round, or auto (the cloud's flat verify size)")
+    ap.add_argument("--topk", type=int, default=DEFAULT_CHILDREN)
+    ap.add_argument("--width", type=int, default=DEFAULT_WIDTH)
     add_growth_args(ap)
     ap.add_argument("--edge-cpu", type=int, default=0)
     ap.add_argument("--cloud-cpu", type=int, default=1)

@@ -36,7 +36,15 @@ from rapid.export.fast_draft import resolve_draft
 from rapid.manifest import is_export_dir, load_manifest
 from rapid.precision import choose_dtype, cpu_flags
 from rapid.procs import free_port, start_listening, stop_server
-from rapid.runtime.args import DEFAULT_LOOKUP, DEFAULT_MIN_P, tree_params
+from rapid.runtime.args import (
+    DEFAULT_BUDGET,
+    DEFAULT_CHILDREN,
+    DEFAULT_DEPTH,
+    DEFAULT_LOOKUP,
+    DEFAULT_MIN_P,
+    DEFAULT_WIDTH,
+    tree_params,
+)
 from rapid.runtime.coordinator import CoordinatorConfig, assemble, controller_for
 from rapid.runtime.generate import open_edge_model
 from rapid.runtime.policies import get_policy
@@ -59,10 +67,10 @@ class BenchConfig:
     schedules: list[str] = field(default_factory=lambda: ["none", "sustained", "burst:4:4"])
     profiles: list[str] = field(default_factory=lambda: ["wan"])
     repeats: int = 3
-    depth: int = 4
-    budget: int | str = "auto"  # or a node count (rapid.runtime.args.tree_params)
-    topk: int = 2
-    width: int = 2
+    depth: int = DEFAULT_DEPTH
+    budget: int | str = DEFAULT_BUDGET  # or a node count (rapid.runtime.args.tree_params)
+    topk: int = DEFAULT_CHILDREN
+    width: int = DEFAULT_WIDTH
     lookup: int = DEFAULT_LOOKUP  # prompt-lookup tokens per tree (rapid.runtime.lookup)
     min_p: float = DEFAULT_MIN_P  # TreeParams.min_p
     edge_cpu: int = 0
