@@ -17,6 +17,10 @@ import signal
 
 from rapid.bench.contention import pin
 from rapid.bench.netem import NetProfile
+from rapid.server.app import VerifierServer, serve_forever
+from rapid.server.main import choose_verify_mode, load_target, measured_flat_nodes, startup_curve
+from rapid.server.serve_config import Limits
+from rapid.server.verify_curve import wire_curve
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,22 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jitter-ms", type=float, default=0.0)
     ap.add_argument("--rate-mbit", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dtype", default="auto", help="auto|bfloat16|float32|float64 (rapid.precision)")
+    ap.add_argument("--dtype", default="auto", help="auto|bfloat16|float32|float64 (rapid.core.precision)")
     ap.add_argument("--verify", default="auto", choices=["auto", "tree", "sequential"])
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     if args.cpus:
         pin({int(c) for c in args.cpus.split(",")})
-
-    from rapid.server.app import VerifierServer, serve_forever
-    from rapid.server.main import (
-        choose_verify_mode,
-        load_target,
-        measured_flat_nodes,
-        startup_curve,
-    )
-    from rapid.server.sessions import Limits
-    from rapid.server.verify_curve import wire_curve
 
     model, _ = load_target(args.target, args.dtype, args.threads)
     mode = choose_verify_mode(model, args.verify)
@@ -58,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             return prof.sample_rtt_s(rng)
 
     points = startup_curve(model, mode)
-    server = VerifierServer(model, Limits(16, 4096, 64), answer_delay=delay, verify_mode=mode,
+    server = VerifierServer(model, Limits(), answer_delay=delay, verify_mode=mode,
                             flat_nodes=measured_flat_nodes(model, mode, points), curve=wire_curve(points))
 
     async def run() -> None:

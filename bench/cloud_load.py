@@ -22,8 +22,8 @@ import time
 
 from websockets.asyncio.client import connect
 
-from rapid.auth import bearer, load_token
-from rapid.wire import (
+from rapid.core.auth import bearer, load_token
+from rapid.core.wire import (
     MAX_FRAME_BYTES,
     Bye,
     ErrorFrame,

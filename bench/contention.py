@@ -19,7 +19,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from rapid.errors import RapidError
+from rapid.core.errors import RapidError
 
 
 @dataclass(slots=True, frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from rapid.errors import RapidError
+from rapid.core.errors import RapidError
 
 BUILTIN: dict[str, list[tuple[str, str]]] = {
     "builtin": [

@@ -176,6 +176,48 @@ def write_report(folder: str | Path, plots: bool = True) -> dict[str, Path]:
     if plots:
         files.update(make_plots(folder, rows, rounds, meta))
     same, checked = lossless_check(runs)
+    L = _setup_lines(meta, same, checked)
+    L += _result_lines(rows, rat)
+    L += target_lines(rows)
+    vs_ar = {r["set"]: r["vs_ar"] for r in rat if r["policy"] == "rapid" and r["schedule"] == "none" and "vs_ar" in r}
+    L += peer_lines(read_jsonl(folder / "peers.jsonl"), vs_ar) + ceiling_lines(rounds)
+    pngs = [p for k, p in files.items() if k not in ("summary", "report")]
+    if pngs:
+        L += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in pngs]
+    L.append("")
+    files["report"].write_text("\n".join(L), encoding="utf-8")
+    return files
+
+
+def _result_lines(rows: list[dict], rat: list[dict]) -> list[str]:
+    """Per-policy medians, the throughput ratios and the targets they are held to."""
+    L = ["", "## Per-policy results (medians)", ""]
+    hdr = ["profile", "schedule", "set", "policy", "runs"] + [h for _, h in METRICS] + ["tok/s min–max"]
+    L.append("| " + " | ".join(hdr) + " |")
+    L.append("|" + "---|" * len(hdr))
+    for r in rows:
+        cells = [r["profile"], r["schedule"], r["set"], r["policy"], str(r["runs"])]
+        cells += [_fmt(r[k]) for k, _ in METRICS] + [f"{r['tok_s_min']:.3g}–{r['tok_s_max']:.3g}"]
+        L.append("| " + " | ".join(cells) + " |")
+    L += ["", "## Throughput ratios (median tok/s over the same cell's `fixed` / `npdg` / `ar`)", ""]
+    L.append("| profile | schedule | set | policy | vs fixed | vs npdg | vs ar (target alone) |")
+    L.append("|---|---|---|---|---|---|---|")
+    for r in rat:
+        L.append(f"| {r['profile']} | {r['schedule']} | {r['set']} | {r['policy']} | "
+                 f"{_fmt(r.get('vs_fixed'))} | {_fmt(r.get('vs_npdg'))} | {_fmt(r.get('vs_ar'))} |")
+    tc = target_check(rat) + median_target_check(rat)
+    if tc:
+        L += ["", "## Targets (a benchmark, not a test)", "",
+              "| profile | schedule | set | ratio | measured | target | |", "|---|---|---|---|---|---|---|"]
+        for t in tc:
+            verdict = "met" if t["met"] else f"missed by {t['short_by']:.0%}"
+            L.append(f"| {t['profile']} | {t['schedule']} | {t['set']} | {t['ratio']} | {t['value']:.2f} | "
+                     f"≥ {t['goal']:.1f} | {verdict} |")
+    return L
+
+
+def _setup_lines(meta: dict, same: int, checked: int) -> list[str]:
+    """How the run was made: machine, models, prompts, network, contention, the lossless check."""
     cfg = meta.get("config", {})
     mode = meta.get("net_mode", "?")
     L = ["# rapid bench report", ""]
@@ -203,34 +245,4 @@ def write_report(folder: str | Path, plots: bool = True) -> dict[str, Path]:
     L.append(f"- edge engine device {meta.get('edge_device', '?')}; contention load on {meta.get('load_device', 'cpu')}; "
              f"depth controller {meta.get('controller', 'fresh per generation')}")
     L.append(f"- lossless check: every policy emitted identical tokens on {same}/{checked} prompt cells")
-    L += ["", "## Per-policy results (medians)", ""]
-    hdr = ["profile", "schedule", "set", "policy", "runs"] + [h for _, h in METRICS] + ["tok/s min–max"]
-    L.append("| " + " | ".join(hdr) + " |")
-    L.append("|" + "---|" * len(hdr))
-    for r in rows:
-        cells = [r["profile"], r["schedule"], r["set"], r["policy"], str(r["runs"])]
-        cells += [_fmt(r[k]) for k, _ in METRICS] + [f"{r['tok_s_min']:.3g}–{r['tok_s_max']:.3g}"]
-        L.append("| " + " | ".join(cells) + " |")
-    L += ["", "## Throughput ratios (median tok/s over the same cell's `fixed` / `npdg` / `ar`)", ""]
-    L.append("| profile | schedule | set | policy | vs fixed | vs npdg | vs ar (target alone) |")
-    L.append("|---|---|---|---|---|---|---|")
-    for r in rat:
-        L.append(f"| {r['profile']} | {r['schedule']} | {r['set']} | {r['policy']} | "
-                 f"{_fmt(r.get('vs_fixed'))} | {_fmt(r.get('vs_npdg'))} | {_fmt(r.get('vs_ar'))} |")
-    tc = target_check(rat) + median_target_check(rat)
-    if tc:
-        L += ["", "## Targets (a benchmark, not a test)", "",
-              "| profile | schedule | set | ratio | measured | target | |", "|---|---|---|---|---|---|---|"]
-        for t in tc:
-            verdict = "met" if t["met"] else f"missed by {t['short_by']:.0%}"
-            L.append(f"| {t['profile']} | {t['schedule']} | {t['set']} | {t['ratio']} | {t['value']:.2f} | "
-                     f"≥ {t['goal']:.1f} | {verdict} |")
-    L += target_lines(rows)
-    vs_ar = {r["set"]: r["vs_ar"] for r in rat if r["policy"] == "rapid" and r["schedule"] == "none" and "vs_ar" in r}
-    L += peer_lines(read_jsonl(folder / "peers.jsonl"), vs_ar) + ceiling_lines(rounds)
-    pngs = [p for k, p in files.items() if k not in ("summary", "report")]
-    if pngs:
-        L += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in pngs]
-    L.append("")
-    files["report"].write_text("\n".join(L), encoding="utf-8")
-    return files
+    return L

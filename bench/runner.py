@@ -31,11 +31,12 @@ from rapid.bench import netem
 from rapid.bench.contention import LoadProcess, Schedule, load_device_for, parse_schedule, pin
 from rapid.bench.peers import PEERS, run_peers
 from rapid.bench.prompts import load_sets, pick, truncate_ids
-from rapid.errors import RapidError
+from rapid.core.errors import RapidError
+from rapid.core.manifest import is_export_dir, load_manifest
+from rapid.core.precision import choose_dtype, cpu_flags
+from rapid.core.procs import free_port, start_listening, stop_server
+from rapid.core.sampling import SamplingParams
 from rapid.export.fast_draft import resolve_draft
-from rapid.manifest import is_export_dir, load_manifest
-from rapid.precision import choose_dtype, cpu_flags
-from rapid.procs import free_port, start_listening, stop_server
 from rapid.runtime.args import (
     DEFAULT_BUDGET,
     DEFAULT_CHILDREN,
@@ -48,7 +49,7 @@ from rapid.runtime.args import (
 from rapid.runtime.coordinator import CoordinatorConfig, assemble, controller_for
 from rapid.runtime.generate import open_edge_model
 from rapid.runtime.policies import get_policy
-from rapid.sampling import SamplingParams
+from rapid.runtime.tree import TreeParams
 from rapid.tiny import build_tiny
 
 
@@ -57,7 +58,7 @@ class BenchConfig:
     out: Path
     draft: str = "default-draft-int4"  # rapid.export.fast_draft
     target: str = "default-target"
-    dtype: str = "auto"  # the target's (rapid.precision)
+    dtype: str = "auto"  # the target's (rapid.core.precision)
     policies: list[str] = field(default_factory=lambda: ["fixed", "npdg", "rapid"])
     prompts_source: str | None = None
     sets: list[str] | None = None
@@ -77,7 +78,7 @@ class BenchConfig:
     cloud_cpu: int = 1
     net: str = "auto"  # auto | netem | transport
     seed: int = 0  # the cloud's and the sampling seed
-    temperature: float = 0.0  # 0 = greedy (rapid.sampling)
+    temperature: float = 0.0  # 0 = greedy (rapid.core.sampling)
     top_p: float = 1.0
     coupled: bool = True  # under sampling, coupled drafting (rapid.runtime.coupling)
     engine: str = "auto"
@@ -99,11 +100,10 @@ def _start_cloud(target: str, port: int, host: str, cpu: int | None, profile: ne
                  log_path: Path, prefix: list[str], seed: int, dtype: str, timeout: float = 600.0) -> subprocess.Popen:
     cmd = [*prefix, sys.executable, "-m", "rapid.bench.cloud", "--target", target, "--host", host,
            "--port", str(port), "--seed", str(seed), "--dtype", dtype]
-    if cpu is not None:
-        cmd += ["--cpus", str(cpu)]
     if profile is not None:
         cmd += ["--rtt-ms", str(profile.rtt_ms), "--jitter-ms", str(profile.jitter_ms)]
-    return start_listening(cmd, host, port, timeout, log_path, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    return start_listening(cmd, host, port, timeout, log_path, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                           cpus=None if cpu is None else {cpu})
 
 
 def _models(cfg: BenchConfig) -> tuple[str, str]:
@@ -139,93 +139,126 @@ def run_bench(cfg: BenchConfig) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for name in ("rounds.jsonl", "runs.jsonl", "peers.jsonl"):
         (out / name).unlink(missing_ok=True)
-    policies = [get_policy(p) for p in cfg.policies]
-    schedules = [parse_schedule(s) for s in cfg.schedules]
-    profiles = [netem.get_profile(p) for p in cfg.profiles]
-    sets = load_sets(cfg.prompts_source, cfg.sets)
-    chosen = {k: pick(v, cfg.n_prompts) for k, v in sets.items()}
-    cpus = _cpus()
-    two = len(cpus) >= 2 and cfg.edge_cpu in cpus and cfg.cloud_cpu in cpus and cfg.edge_cpu != cfg.cloud_cpu
-    edge_cpus = {cfg.edge_cpu} if two else None
-    mode, why = _net_mode(cfg)
-    draft, target = _models(cfg)
-
+    m = _Matrix.of(cfg)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     old_aff = _cpus()
-    pinned = pin(edge_cpus)
-    edge = open_edge_model(draft, cfg.engine, 2048, 1)
+    pinned = pin(m.edge_cpus)
+    edge = open_edge_model(m.draft, cfg.engine, 2048, 1)
     load_device = load_device_for(edge.engine.info.device, cfg.load_device)
-    tree = tree_params(cfg.depth, cfg.budget, cfg.topk, cfg.width, cfg.coupled, cfg.lookup, cfg.min_p)
-    sampling = SamplingParams(cfg.temperature, cfg.top_p, 0, cfg.seed)
     encoded = {k: [(p, truncate_ids(list(edge.tokenizer(p.text)["input_ids"]), cfg.token_budget)) for p in v]
-               for k, v in chosen.items()}
-    meta = {
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
-        "draft": draft, "target": target, "net_mode": mode, "net_fallback_reason": why,
-        "pinned": pinned, "edge_cpus": sorted(edge_cpus or []), "cloud_cpu": cfg.cloud_cpu if two else None,
-        "cpus": sorted(cpus), "machine": platform.platform(), "python": platform.python_version(),
-        "prompts": {k: [p.id for p, _ in v] for k, v in encoded.items()},
-        "prompt_tokens": {k: [len(ids) for _, ids in v] for k, v in encoded.items()},
-        "token_budget": cfg.token_budget, "profiles": {p.name: asdict(p) for p in profiles},
-        "schedules": {s.name: asdict(s) for s in schedules}, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "chat_template": False, "edge_device": edge.engine.info.device, "load_device": load_device,
-        "controller": ("carried across generations per policy (as the edge daemon keeps it), warmed up "
-                       "uncontended" if cfg.carry_controller else "fresh per generation"),
-    }
+               for k, v in m.chosen.items()}
+    meta = _meta(cfg, m, encoded, pinned, edge.engine.info.device, load_device)
     (out / "meta.json").write_text(json.dumps(meta, indent=2))
     n_gen = cfg.repeats * sum(len(v) for v in encoded.values())
-    total = n_gen * (len(profiles) * len(schedules) * len(policies) + (len(PEERS) if cfg.peers else 0))
+    total = n_gen * (len(m.profiles) * len(m.schedules) * len(m.policies) + (len(PEERS) if cfg.peers else 0))
     bar = tqdm(total=total, desc="rapid bench", unit="gen", disable=not cfg.progress, file=sys.stderr)
     try:
-        for prof in profiles:
-            plan = netem.NetnsPlan()
-            if mode == "netem":
-                ok, err = netem.setup(prof, plan)
-                if not ok:
-                                raise RapidError(f"netem setup failed: {err}")
-                host, prefix, delay_prof = plan.ns_ip, netem.exec_prefix(plan), None
-            else:
-                host, prefix, delay_prof = "127.0.0.1", [], (prof if prof.rtt_ms > 0 else None)
-            port = free_port()
-            proc = _start_cloud(target, port, host, cfg.cloud_cpu if two else None, delay_prof,
-                                out / f"cloud-{prof.name}.log", prefix, cfg.seed, cfg.dtype)
-            url = f"ws://{host}:{port}"
-            try:
-                # warm-up generations (not recorded, no load): first forwards of both models, lazy
-                # init, and each carried controller's uncontended latency baseline
-                first = next(iter(encoded.values()))[0][1]
-                ccfg = CoordinatorConfig(depth=cfg.depth)
-                ctrls = {p.name: controller_for(p, ccfg) for p in policies} if cfg.carry_controller else {}
-                # one warm-up per policy whose depth reacts to the baseline (plus the first policy)
-                warm = [p for i, p in enumerate(policies) if i == 0 or (cfg.carry_controller and p.adaptive_depth)]
-                for pol in warm:
-                    asyncio.run(assemble(edge.engine, tree, edge.stop_ids, url, pol, ccfg, ctrls.get(pol.name))
-                                .generate(first, 8 if cfg.carry_controller else 2, sampling))
-                for sched in schedules:
-                    with LoadProcess(sched, edge_cpus, load_device) as load:
-                        time.sleep(0.5 if sched.kind != "none" else 0.0)  # the load process imports numpy
-                        for rep in range(cfg.repeats):
-                            for set_name, items in encoded.items():
-                                for prompt, ids in items:
-                                    order = policies if rep % 2 == 0 else policies[::-1]
-                                    for pol in order:
-                                        bar.set_postfix_str(f"{prof.name} {sched.name} {pol.name} r{rep}")
-                                        row_meta = {"profile": prof.name, "net_mode": mode, "schedule": sched.name,
-                                                    "set": set_name, "prompt_id": prompt.id, "repeat": rep,
-                                                    "prompt_tokens": len(ids)}
-                                        _one(out, edge, tree, sampling, cfg, pol, url, ids, load, sched, row_meta,
-                                             ctrls.get(pol.name))
-                                        bar.update(1)
-            finally:
-                stop_server(proc)
-                if mode == "netem":
-                    netem.teardown(plan)
+        for prof in m.profiles:
+            _run_profile(cfg, m, prof, edge, encoded, load_device, out, bar)
         if cfg.peers:
-            _peers(cfg, draft, target, encoded, {cfg.cloud_cpu} if two else None, bar)
+            _peers(cfg, m.draft, m.target, encoded, m.cloud_cpus, bar)
     finally:
         bar.close()
         pin(old_aff)
     return out
+
+
+@dataclass(slots=True)
+class _Matrix:
+    """What one bench run sweeps, and where its two processes run."""
+
+    policies: list
+    schedules: list
+    profiles: list
+    chosen: dict  # set -> prompts
+    cpus: set[int]
+    edge_cpus: set[int] | None  # None: not pinned (fewer than two usable cores)
+    cloud_cpus: set[int] | None
+    net: tuple[str, str]  # (mode, why)
+    draft: str
+    target: str
+    tree: TreeParams
+    sampling: SamplingParams
+
+    @classmethod
+    def of(cls, cfg: BenchConfig) -> _Matrix:
+        cpus = _cpus()
+        two = len(cpus) >= 2 and cfg.edge_cpu in cpus and cfg.cloud_cpu in cpus and cfg.edge_cpu != cfg.cloud_cpu
+        sets = load_sets(cfg.prompts_source, cfg.sets)
+        return cls([get_policy(p) for p in cfg.policies], [parse_schedule(s) for s in cfg.schedules],
+                   [netem.get_profile(p) for p in cfg.profiles], {k: pick(v, cfg.n_prompts) for k, v in sets.items()},
+                   cpus, {cfg.edge_cpu} if two else None, {cfg.cloud_cpu} if two else None, _net_mode(cfg),
+                   *_models(cfg), tree_params(cfg.depth, cfg.budget, cfg.topk, cfg.width, cfg.coupled, cfg.lookup,
+                                              cfg.min_p),
+                   SamplingParams(cfg.temperature, cfg.top_p, 0, cfg.seed))
+
+
+def _meta(cfg: BenchConfig, m: _Matrix, encoded: dict, pinned: bool, edge_device: str, load_device: str) -> dict:
+    return {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
+        "draft": m.draft, "target": m.target, "net_mode": m.net[0], "net_fallback_reason": m.net[1],
+        "pinned": pinned, "edge_cpus": sorted(m.edge_cpus or []),
+        "cloud_cpu": next(iter(m.cloud_cpus)) if m.cloud_cpus else None,
+        "cpus": sorted(m.cpus), "machine": platform.platform(), "python": platform.python_version(),
+        "prompts": {k: [p.id for p, _ in v] for k, v in encoded.items()},
+        "prompt_tokens": {k: [len(ids) for _, ids in v] for k, v in encoded.items()},
+        "token_budget": cfg.token_budget, "profiles": {p.name: asdict(p) for p in m.profiles},
+        "schedules": {s.name: asdict(s) for s in m.schedules}, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "chat_template": False, "edge_device": edge_device, "load_device": load_device,
+        "controller": ("carried across generations per policy (as the edge daemon keeps it), warmed up "
+                       "uncontended" if cfg.carry_controller else "fresh per generation"),
+    }
+
+
+def _run_profile(cfg: BenchConfig, m: _Matrix, prof, edge, encoded: dict, load_device: str, out: Path, bar) -> None:
+    """One network profile: start its cloud, warm up, then every schedule × repeat × prompt × policy."""
+    mode = m.net[0]
+    plan = netem.NetnsPlan()
+    if mode == "netem":
+        ok, err = netem.setup(prof, plan)
+        if not ok:
+            raise RapidError(f"netem setup failed: {err}")
+        host, prefix, delay_prof = plan.ns_ip, netem.exec_prefix(plan), None
+    else:
+        host, prefix, delay_prof = "127.0.0.1", [], (prof if prof.rtt_ms > 0 else None)
+    port = free_port()
+    proc = _start_cloud(m.target, port, host, next(iter(m.cloud_cpus)) if m.cloud_cpus else None, delay_prof,
+                        out / f"cloud-{prof.name}.log", prefix, cfg.seed, cfg.dtype)
+    url = f"ws://{host}:{port}"
+    try:
+        ctrls = _warm_up(cfg, m, edge, encoded, url)
+        for sched in m.schedules:
+            with LoadProcess(sched, m.edge_cpus, load_device) as load:
+                time.sleep(0.5 if sched.kind != "none" else 0.0)  # the load process imports numpy
+                for rep in range(cfg.repeats):
+                    for set_name, items in encoded.items():
+                        for prompt, ids in items:
+                            for pol in (m.policies if rep % 2 == 0 else m.policies[::-1]):
+                                bar.set_postfix_str(f"{prof.name} {sched.name} {pol.name} r{rep}")
+                                row_meta = {"profile": prof.name, "net_mode": mode, "schedule": sched.name,
+                                            "set": set_name, "prompt_id": prompt.id, "repeat": rep,
+                                            "prompt_tokens": len(ids)}
+                                _one(out, edge, m.tree, m.sampling, cfg, pol, url, ids, load, sched, row_meta,
+                                     ctrls.get(pol.name))
+                                bar.update(1)
+    finally:
+        stop_server(proc)
+        if mode == "netem":
+            netem.teardown(plan)
+
+
+def _warm_up(cfg: BenchConfig, m: _Matrix, edge, encoded: dict, url: str) -> dict:
+    """Warm-up generations (not recorded, no load): first forwards of both models, lazy init, and
+    each carried controller's uncontended latency baseline; returns the carried controllers."""
+    first = next(iter(encoded.values()))[0][1]
+    ccfg = CoordinatorConfig(depth=cfg.depth)
+    ctrls = {p.name: controller_for(p, ccfg) for p in m.policies} if cfg.carry_controller else {}
+    # one warm-up per policy whose depth reacts to the baseline (plus the first policy)
+    warm = [p for i, p in enumerate(m.policies) if i == 0 or (cfg.carry_controller and p.adaptive_depth)]
+    for pol in warm:
+        asyncio.run(assemble(edge.engine, m.tree, edge.stop_ids, url, pol, ccfg, ctrls.get(pol.name))
+                    .generate(first, 8 if cfg.carry_controller else 2, m.sampling))
+    return ctrls
 
 
 def _peers(cfg: BenchConfig, draft: str, target: str, encoded, cpus: set[int] | None, bar) -> None:

@@ -189,141 +189,157 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
     period = (sched.on_s + sched.off_s) if sched.kind == "burst" else 0.0
     es = [_Edge(i, policy, cal, sched, prof, tokens, seed, rng.random() * period if edges > 1 else 0.0,
                 startup, config) for i in range(edges)]
-    events: list = []  # (time, seq, kind, edge, payload)
-    seq = 0
-
-    def push(t, kind, e, payload=None):
-        nonlocal seq
-        heapq.heappush(events, (t, seq, kind, e, payload))
-        seq += 1
-
-    queues: list[list] = [[] for _ in range(replicas)]  # per replica: (edge, nodes)
-    busy_until = [0.0] * replicas
-    cloud_busy = 0.0
-    batches: list[int] = []
+    sim = _Cloud(es, cal, replicas, max_batch, ingress_s)
     for e in es:
-        push(e.startup, "round", e.idx)
-    now = 0.0
-    pending: dict[int, dict] = {}
+        sim.push(e.startup, "round", e.idx)
+    sim.run()
+    horizon = max(e.res.wall_s for e in es)
+    return {"edges": [e.res for e in es], "cloud_util": sim.busy / replicas / horizon if horizon > 0 else 0.0,
+            "mean_batch": statistics.fmean(sim.batches) if sim.batches else 0.0, "horizon_s": horizon}
 
-    def start_batch(t, r):
-        nonlocal cloud_busy
-        queue = queues[r]
-        if not queue or busy_until[r] > t:
+
+class _Cloud:
+    """The event loop: edges' rounds and verdicts, and the replicas' batch queues.
+
+    Events ``(time, seq, kind, edge, payload)``: round (decide, draft, send), arrive (a tree reaches
+    its replica's queue), cloud_free (a replica finished a batch), verdict (back at the edge)."""
+
+    def __init__(self, es: list, cal: Calibration, replicas: int, max_batch: int, ingress_s: float) -> None:
+        self.es, self.cal, self.max_batch, self.ingress_s = es, cal, max_batch, ingress_s
+        self.events: list = []
+        self.seq = 0
+        self.queues: list[list] = [[] for _ in range(replicas)]  # per replica: (edge, nodes)
+        self.busy_until = [0.0] * replicas
+        self.busy = 0.0
+        self.batches: list[int] = []
+        self.pending: dict[int, dict] = {}
+
+    def push(self, t: float, kind: str, e: int, payload=None) -> None:
+        heapq.heappush(self.events, (t, self.seq, kind, e, payload))
+        self.seq += 1
+
+    def run(self) -> None:
+        replicas = len(self.queues)
+        while self.events:
+            now, _, kind, idx, payload = heapq.heappop(self.events)
+            if kind == "cloud_free":
+                self.start_batch(now, payload)
+            elif kind == "arrive":
+                self.queues[idx % replicas].append((idx, payload))
+                self.start_batch(now, idx % replicas)
+            elif kind == "round":
+                self.on_round(self.es[idx], now)
+            else:
+                self.on_verdict(self.es[idx], now)
+
+    def start_batch(self, t: float, r: int) -> None:
+        queue = self.queues[r]
+        if not queue or self.busy_until[r] > t:
             return
-        batch, rest = queue[:max_batch], queue[max_batch:]
+        batch, rest = queue[:self.max_batch], queue[self.max_batch:]
         queue[:] = rest
         total = sum(n for _, n in batch)
-        dur = cal.verify(total) if len(batch) > 1 else cal.verify(batch[0][1])
-        busy_until[r] = t + dur
-        cloud_busy += dur
-        batches.append(len(batch))
+        dur = self.cal.verify(total) if len(batch) > 1 else self.cal.verify(batch[0][1])
+        self.busy_until[r] = t + dur
+        self.busy += dur
+        self.batches.append(len(batch))
         for idx, _ in batch:
-            pending[idx]["verify_s"] = dur
-            down = es[idx].prof.sample_rtt_s(es[idx].rng) / 2 + cal.overhead_s + ingress_s
-            push(t + dur + down, "verdict", idx)
-        push(t + dur, "cloud_free", -1, r)
+            self.pending[idx]["verify_s"] = dur
+            e = self.es[idx]
+            down = e.prof.sample_rtt_s(e.rng) / 2 + self.cal.overhead_s + self.ingress_s
+            self.push(t + dur + down, "verdict", idx)
+        self.push(t + dur, "cloud_free", -1, r)
 
-    while events:
-        now, _, kind, idx, payload = heapq.heappop(events)
-        if kind == "cloud_free":
-            start_batch(now, payload)
-            continue
-        if kind == "arrive":
-            queues[idx % replicas].append((idx, payload))
-            start_batch(now, idx % replicas)
-            continue
-        e = es[idx]
-        if kind == "round":  # decide, draft, send
-            if e.decision is None:
-                e.decision = e.ctrl.next_depth(e.policy.proactive)
-            if e.oracle:
-                depth = e.oracle_depth(now)
-            elif e.load_oracle:
-                depth = e.load_aware_depth(now)
-            elif not e.policy.drafting:
-                depth = 0
-            else:
-                depth = max(1, min(e.decision.depth, e.target - e.pos), e.reused)
-            t = now
-            if e.prefill and e.policy.drafting:  # the draft prefill runs inside the first round
-                t += e.prefill * e.factor(t)
-                e.prefill = 0.0
-            planned = max(0, depth - e.reused) if depth > 0 else 0
-            steps = 0
-            tps = e.cal.step_tokens
-            while steps < planned:
-                d = e.step_time(t) * (e.cal.step_scale(1) if e.oracle else 1.0)  # the oracle drafts a chain
-                t += d
-                steps += 1
-                e.ctrl.observe_step(d, tps)
-                if steps < planned and not e.keep_drafting(e.pos + e.reused + steps - 1):
-                    depth = e.reused + steps
-                    break
-            e.res.draft_steps += steps
-            nodes = float(depth) if e.oracle else e.cal.nodes(depth, e.policy.name)
-            up = e.prof.sample_rtt_s(e.rng) / 2
-            pending[idx] = {"depth": depth, "t_send": t, "t_start": now, "nodes": nodes}
-            push(t + up, "arrive", idx, nodes)
-            continue
-        if kind == "verdict":
-            p = pending.pop(idx)
-            depth, t_send, t_arr = p["depth"], p["t_send"], now
-            a = e.run_len(e.pos, depth) if depth > 0 else 0
-            full = depth > 0 and a >= depth
-            hit = e.hit(e.pos + a, full)
-            end = t_arr
-            e.reused = 0
-            kept = None  # whether a proactive branch ran and was kept
-            pol = e.policy
-            if pol.proactive and pol.drafting and (not e.oracle or hit):
-                if e.load_oracle:
-                    want = e.load_aware_depth(t_send)
-                elif not e.oracle:
-                    want = e.ctrl.next_depth_if(a, max(depth, 1), e.decision.b_hat, True).depth
-                else:
-                    want = e.oracle_branch  # the planned branch length
-                t, steps, stopped = t_send, 0, None
-                # a tree step feeds tokens_per_step tokens, a chain step one: time = tau · scale(tokens)
-                tps = e.cal.step_tokens
-                per_step = 1 if pol.chain_branch or e.oracle else tps
-                while steps < want:
-                    if pol.interruptible and t >= t_arr:
-                        break
-                    d = e.step_time(t) * e.cal.step_scale(per_step)
-                    t += d
-                    steps += 1
-                    e.ctrl.observe_step(d, per_step)
-                    if pol.interruptible and t >= t_arr:
-                        stopped = steps
-                        break
-                end = max(t_arr, t)
-                e.res.branches += 1
-                kept = hit
-                e.res.interrupts += stopped is not None
-                if hit:
-                    e.res.hits += 1
-                    e.reused = steps
-                else:
-                    e.res.discarded += steps
-                e.res.draft_steps += steps
-            if depth > 0:  # as the coordinator: the link's share of the wait = arrival - send - verify
-                e.ctrl.observe_verdict(depth, round(p["nodes"]), p["verify_s"], t_arr - t_send - p["verify_s"], a,
-                                       kept)
-            e.ctrl.observe_round(a, max(depth, 1), t_arr - t_send, e.decision.b_hat)
-            e.decision = e.ctrl.next_depth(pol.proactive, e.reused)
-            e.pos += a + 1
-            e.res.tokens = min(e.pos, e.target)
-            e.res.rounds += 1
-            e.res.accepted += a
-            e.res.depths.append(depth)
-            if e.pos >= e.target:
-                e.res.wall_s = end
-            else:
-                push(end, "round", idx)
-    horizon = max(e.res.wall_s for e in es)
-    return {"edges": [e.res for e in es], "cloud_util": cloud_busy / replicas / horizon if horizon > 0 else 0.0,
-            "mean_batch": statistics.fmean(batches) if batches else 0.0, "horizon_s": horizon}
+    def on_round(self, e, now: float) -> None:
+        """Decide the depth, draft (a step at a time, as slow as the contention makes it), send."""
+        if e.decision is None:
+            e.decision = e.ctrl.next_depth(e.policy.proactive)
+        if e.oracle:
+            depth = e.oracle_depth(now)
+        elif e.load_oracle:
+            depth = e.load_aware_depth(now)
+        elif not e.policy.drafting:
+            depth = 0
+        else:
+            depth = max(1, min(e.decision.depth, e.target - e.pos), e.reused)
+        t = now
+        if e.prefill and e.policy.drafting:  # the draft prefill runs inside the first round
+            t += e.prefill * e.factor(t)
+            e.prefill = 0.0
+        planned = max(0, depth - e.reused) if depth > 0 else 0
+        steps = 0
+        while steps < planned:
+            d = e.step_time(t) * (e.cal.step_scale(1) if e.oracle else 1.0)  # the oracle drafts a chain
+            t += d
+            steps += 1
+            e.ctrl.observe_step(d, e.cal.step_tokens)
+            if steps < planned and not e.keep_drafting(e.pos + e.reused + steps - 1):
+                depth = e.reused + steps
+                break
+        e.res.draft_steps += steps
+        nodes = float(depth) if e.oracle else e.cal.nodes(depth, e.policy.name)
+        self.pending[e.idx] = {"depth": depth, "t_send": t, "t_start": now, "nodes": nodes}
+        self.push(t + e.prof.sample_rtt_s(e.rng) / 2, "arrive", e.idx, nodes)
+
+    def on_verdict(self, e, t_arr: float) -> None:
+        """Accept, run (or have run) the proactive branch, observe, and schedule the next round."""
+        p = self.pending.pop(e.idx)
+        depth, t_send = p["depth"], p["t_send"]
+        a = e.run_len(e.pos, depth) if depth > 0 else 0
+        hit = e.hit(e.pos + a, depth > 0 and a >= depth)
+        e.reused = 0
+        kept, end = None, t_arr  # kept: whether a proactive branch ran and was kept
+        pol = e.policy
+        if pol.proactive and pol.drafting and (not e.oracle or hit):
+            end = _branch(e, t_send, t_arr, a, depth, hit)
+            kept = hit
+        if depth > 0:  # as the coordinator: the link's share of the wait = arrival - send - verify
+            e.ctrl.observe_verdict(depth, round(p["nodes"]), p["verify_s"], t_arr - t_send - p["verify_s"], a, kept)
+        e.ctrl.observe_round(a, max(depth, 1), t_arr - t_send, e.decision.b_hat)
+        e.decision = e.ctrl.next_depth(pol.proactive, e.reused)
+        e.pos += a + 1
+        e.res.tokens = min(e.pos, e.target)
+        e.res.rounds += 1
+        e.res.accepted += a
+        e.res.depths.append(depth)
+        if e.pos >= e.target:
+            e.res.wall_s = end
+        else:
+            self.push(end, "round", e.idx)
+
+
+def _branch(e, t_send: float, t_arr: float, a: int, depth: int, hit: bool) -> float:
+    """The proactive branch drafted from ``t_send``: interruptible policies stop at the first step
+    boundary after the verdict (``t_arr``); returns when the edge is free for the next round."""
+    pol = e.policy
+    if e.load_oracle:
+        want = e.load_aware_depth(t_send)
+    elif not e.oracle:
+        want = e.ctrl.next_depth_if(a, max(depth, 1), e.decision.b_hat, True).depth
+    else:
+        want = e.oracle_branch  # the planned branch length
+    t, steps, stopped = t_send, 0, None
+    # a tree step feeds tokens_per_step tokens, a chain step one: time = tau · scale(tokens)
+    per_step = 1 if pol.chain_branch or e.oracle else e.cal.step_tokens
+    while steps < want:
+        if pol.interruptible and t >= t_arr:
+            break
+        d = e.step_time(t) * e.cal.step_scale(per_step)
+        t += d
+        steps += 1
+        e.ctrl.observe_step(d, per_step)
+        if pol.interruptible and t >= t_arr:
+            stopped = steps
+            break
+    e.res.branches += 1
+    e.res.interrupts += stopped is not None
+    if hit:
+        e.res.hits += 1
+        e.reused = steps
+    else:
+        e.res.discarded += steps
+    e.res.draft_steps += steps
+    return max(t_arr, t)
 
 
 def sim_tok_s(policy, cal, sched, prof, tokens, seeds, **kw) -> float:

@@ -49,10 +49,23 @@ def run_sim_cli(a) -> int:
         run_presets(a, cal_of, out)
         print((out / "presets.md").read_text())
         return 0
-    # 1. validation on the settings that were run for real, one traced folder at a time, at its
-    #    own tokens per generation: the edge model is pooled over all folders (a folder may lack
-    #    uncontended rounds), the cloud's verify curve is the folder's own (the machine's speed
-    #    drifts between runs: the 8-node verify median moved by ~10 % between runs here)
+    val = _validation(per_run, cal, sch, a.seeds)
+    cells = _policy_cells(cal_of, profs, scheds, sets, pols, sch, a)
+    scale = _scale(cal, pols, profs, scheds, sch, a)
+    result = {"calibration": cal.to_json(), "validation": val, "policies": cells, "scale": scale,
+              "tokens": a.tokens, "seeds": a.seeds, "traces": [str(t) for t in a.traces]}
+    (out / "sim.json").write_text(json.dumps(result, indent=2))
+    _write_sim_md(out, result)
+    _plot_scale(out, scale)
+    print((out / "sim.md").read_text())
+    return 0
+
+
+def _validation(per_run: list, cal, sch, seeds: int) -> list[dict]:
+    """1. validation on the settings that were run for real, one traced folder at a time, at its
+    own tokens per generation: the edge model is pooled over all folders (a folder may lack
+    uncontended rounds), the cloud's verify curve is the folder's own (the machine's speed
+    drifts between runs: the 8-node verify median moved by ~10 % between runs here)."""
     val = []
     for name, f_rounds, f_runs, f_meta in per_run:
         f_cal = fit_cloud(replace(cal), f_rounds, f_meta.get("profiles", {})) if len(per_run) > 1 else cal
@@ -66,11 +79,16 @@ def run_sim_cli(a) -> int:
             st = str(r["set"])
             m = r["tok_s"]
             s = sim_tok_s(POLICIES[r["policy"]], f_cal_of[st], sch(r["schedule"]), get_profile(r["profile"]),
-                          max_new, max(a.seeds, 20))
+                          max_new, max(seeds, 20))
             val.append({"run": name, "tokens": max_new, "profile": r["profile"], "schedule": r["schedule"],
                         "set": st, "policy": r["policy"], "measured_tok_s": m, "sim_tok_s": s,
                         "error": (s - m) / m if m else float("nan")})
-    # 2. policies vs the oracle (long generations, no start-up), per prompt set
+    return val
+
+
+def _policy_cells(cal_of: dict, profs: list[str], scheds: list[str], sets: list[str], pols: list[str], sch,
+                  a) -> list[dict]:
+    """2. policies vs the oracle (long generations, no start-up), per prompt set."""
     cells = []
     for prof in profs:
         for sname in scheds:
@@ -84,7 +102,11 @@ def run_sim_cli(a) -> int:
                     row["tok_s"][pol] = sim_tok_s(POLICIES[pol], c, sch(sname), get_profile(prof), a.tokens,
                                                   a.seeds, startup=False)
                 cells.append(row)
-    # 3. many edges, one batched verifier
+    return cells
+
+
+def _scale(cal, pols: list[str], profs: list[str], scheds: list[str], sch, a) -> list[dict]:
+    """3. many edges, batched verifier replicas."""
     scale = []
     ns = [int(x) for x in a.edges.split(",") if x.strip()]
     sname = next((s for s in scheds if s != "none"), scheds[0])
@@ -99,18 +121,37 @@ def run_sim_cli(a) -> int:
                 scale.append({"policy": pol, "edges": n, "replicas": k, "schedule": sname,
                               "tok_s_per_edge": statistics.fmean(tps), "total_tok_s": sum(tps),
                               "cloud_util": r["cloud_util"], "mean_batch": r["mean_batch"]})
-    result = {"calibration": cal.to_json(), "validation": val, "policies": cells, "scale": scale,
-              "tokens": a.tokens, "seeds": a.seeds, "traces": [str(t) for t in a.traces]}
-    (out / "sim.json").write_text(json.dumps(result, indent=2))
-    _write_sim_md(out, result)
-    _plot_scale(out, scale)
-    print((out / "sim.md").read_text())
-    return 0
+    return scale
 
 
 def _write_sim_md(out: Path, res: dict) -> None:
+    L = [*_calibration_lines(res),
+         "", "## Validation: simulated vs measured throughput (same settings, same tokens per generation)", "",
+         "Each prompt set replays its own traces for what depends on the prompt (acceptance, start-up, draft "
+         "prefill); the device and network timing model is shared.", "",
+         "| run | tokens | profile | schedule | set | policy | measured tok/s | simulated tok/s | error |",
+         "|---|---|---|---|---|---|---|---|---|"]
+    for v in res["validation"]:
+        L.append(f"| {v['run']} | {v['tokens']} | {v['profile']} | {v['schedule']} | {v['set']} | {v['policy']} | "
+                 f"{v['measured_tok_s']:.3g} | {v['sim_tok_s']:.3g} | {v['error']:+.1%} |")
+    errs = [abs(v["error"]) for v in res["validation"] if not math.isnan(v["error"])]
+    if errs:
+        L.append(f"\nmean |error| {statistics.fmean(errs):.1%}, max {max(errs):.1%} (target ≤ 15 %)")
+    L += _policy_lines(res)
+    L += ["", "## Many edges, batched verifier replicas (batch time = verify(total nodes); edges spread "
+          "evenly over the replicas)", "",
+          "| policy | schedule | replicas | edges | tok/s per edge | total tok/s | cloud utilisation | mean batch |",
+          "|---|---|---|---|---|---|---|---|"]
+    for r in res["scale"]:
+        L.append(f"| {r['policy']} | {r['schedule']} | {r.get('replicas', 1)} | {r['edges']} | "
+                 f"{r['tok_s_per_edge']:.3g} | {r['total_tok_s']:.3g} | {r['cloud_util']:.0%} | {r['mean_batch']:.1f} |")
+    L += ["", "![scale](scale.png)", ""]
+    (out / "sim.md").write_text("\n".join(L), encoding="utf-8")
+
+
+def _calibration_lines(res: dict) -> list[str]:
     c = res["calibration"]
-    L = ["# rapid sim report", "",
+    return ["# rapid sim report", "",
          f"- calibrated from {res['traces']}" + (" + GPU profile" if c.get("gpu_profile") else ""),
          f"- edge step (uncontended median) {c['step_s_median']:.4g} s over {c['step_samples']} rounds; contention "
          f"slowdown ×{c['slowdown']:.2f} at intensity {c['cal_intensity']:g}"
@@ -129,20 +170,12 @@ def _write_sim_md(out: Path, res: dict) -> None:
          "- EdgeLLM confidence cut: " + (f"P(continue | miss) {c['cut_continue'][0]:.2f}, P(continue | match) "
                                           f"{c['cut_continue'][1]:.2f}" if c.get("cut_continue") else
                                           "not traced (edgellm then drafts to its planned depth)"),
-         "- policies: the runtime's `POLICIES` objects and the controller `Coordinator` builds (CAAC/FixedDepth)",
-         "", "## Validation: simulated vs measured throughput (same settings, same tokens per generation)", "",
-         "Each prompt set replays its own traces for what depends on the prompt (acceptance, start-up, draft "
-         "prefill); the device and network timing model is shared.", "",
-         "| run | tokens | profile | schedule | set | policy | measured tok/s | simulated tok/s | error |",
-         "|---|---|---|---|---|---|---|---|---|"]
-    for v in res["validation"]:
-        L.append(f"| {v['run']} | {v['tokens']} | {v['profile']} | {v['schedule']} | {v['set']} | {v['policy']} | "
-                 f"{v['measured_tok_s']:.3g} | {v['sim_tok_s']:.3g} | {v['error']:+.1%} |")
-    errs = [abs(v["error"]) for v in res["validation"] if not math.isnan(v["error"])]
-    if errs:
-        L.append(f"\nmean |error| {statistics.fmean(errs):.1%}, max {max(errs):.1%} (target ≤ 15 %)")
+         "- policies: the runtime's `POLICIES` objects and the controller `Coordinator` builds (CAAC/FixedDepth)"]
+
+
+def _policy_lines(res: dict) -> list[str]:
     pols = sorted({p for r in res["policies"] for p in r["tok_s"]})
-    L += ["", f"## Policies vs the oracle ({res['tokens']} tokens, {res['seeds']} seeds, no start-up)", "",
+    L = ["", f"## Policies vs the oracle ({res['tokens']} tokens, {res['seeds']} seeds, no start-up)", "",
           "`oracle` knows the future acceptance, proactive hits and contention; `oracle-load` knows only the "
           "contention (depth = argmax of expected tokens per second under the traced per-token acceptance). "
           "Policy columns: fraction of `oracle` (and of `oracle-load`).", "",
@@ -160,15 +193,7 @@ def _write_sim_md(out: Path, res: dict) -> None:
         L.append(f"\nTarget rapid ≥ 0.9 × oracle: rapid reaches {worst:.0%}–{max(f for _, f in fr):.0%} of the oracle; "
                  + ("met" if worst >= 0.9 else f"missed in {sum(f < 0.9 for _, f in fr)}/{len(fr)} cells, by up to "
                     f"{(0.9 - worst) / 0.9:.0%}") + ".")
-    L += ["", "## Many edges, batched verifier replicas (batch time = verify(total nodes); edges spread "
-          "evenly over the replicas)", "",
-          "| policy | schedule | replicas | edges | tok/s per edge | total tok/s | cloud utilisation | mean batch |",
-          "|---|---|---|---|---|---|---|---|"]
-    for r in res["scale"]:
-        L.append(f"| {r['policy']} | {r['schedule']} | {r.get('replicas', 1)} | {r['edges']} | "
-                 f"{r['tok_s_per_edge']:.3g} | {r['total_tok_s']:.3g} | {r['cloud_util']:.0%} | {r['mean_batch']:.1f} |")
-    L += ["", "![scale](scale.png)", ""]
-    (out / "sim.md").write_text("\n".join(L), encoding="utf-8")
+    return L
 
 
 def _plot_scale(out: Path, scale: list[dict]) -> None:

@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from rapid.errors import ContextFullError, RapidError
+from rapid.core.errors import ContextFullError, RapidError
 
 
 @dataclass(slots=True, frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rapid.errors import RapidError
+from rapid.core.errors import RapidError
 
 PYCUDA_HINT = (
     "`pip install pycuda` (on a Jetson it builds against JetPack's CUDA: first "

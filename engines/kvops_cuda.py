@@ -96,6 +96,27 @@ def _selftest_cases(rng: np.random.Generator):
     return cases
 
 
+class _Checker:
+    """Runs one case on the device and compares its bytes with the CPU's expectation."""
+
+    def __init__(self, ops: CudaKVOps) -> None:
+        self.ops, self.checked, self.failures = ops, 0, []
+
+    def run(self, label: str, host: np.ndarray, expect: np.ndarray, launch) -> None:
+        ops = self.ops
+        ptr = ops.malloc(host.nbytes)
+        try:
+            ops.upload(ptr, host)
+            launch(ptr)
+            ops.synchronize()
+            got = ops.download(ptr, host)
+        finally:
+            ops.free(ptr)
+        self.checked += 1
+        if not np.array_equal(got.view(np.uint8), expect.view(np.uint8)):
+            self.failures.append(label)
+
+
 def compare_with_reference(ops: CudaKVOps, n_dev: int, ref_backend: str,
                            gather_ref: Callable[..., None], copy_ref: Callable[..., None],
                            *, seed: int = 0) -> str:
@@ -106,55 +127,41 @@ def compare_with_reference(ops: CudaKVOps, n_dev: int, ref_backend: str,
     ``"ok: ..."``; raises RuntimeError on a mismatch.
     """
     rng = np.random.default_rng(seed)
-    checked = 0
-    failures: list[str] = []
-
-    def run_case(label: str, host: np.ndarray, expect: np.ndarray, launch) -> None:
-        nonlocal checked
-        ptr = ops.malloc(host.nbytes)
-        try:
-            ops.upload(ptr, host)
-            launch(ptr)
-            ops.synchronize()
-            got = ops.download(ptr, host)
-        finally:
-            ops.free(ptr)
-        checked += 1
-        if not np.array_equal(got.view(np.uint8), expect.view(np.uint8)):
-            failures.append(label)
-
+    check = _Checker(ops)
     for k, (dt, shape, src, dst) in enumerate(_selftest_cases(rng)):
         host = rng.standard_normal(shape).astype(dt)
         expect = host.copy()
         gather_ref(expect, src, dst)
-        run_case(f"gather#{k} {np.dtype(dt).name} {shape} n={len(src)}", host, expect,
-                 lambda p, sh=shape, d=dt, s=src, t=dst: ops.gather(p, *sh, d, s, t))
-
-    outer, cap, inner = 6, 128, 24
+        check.run(f"gather#{k} {np.dtype(dt).name} {shape} n={len(src)}", host, expect,
+                  lambda p, sh=shape, d=dt, s=src, t=dst: ops.gather(p, *sh, d, s, t))
     for dt in (np.float16, np.float32, np.float64):
-        for ss, ds, n in ((40, 10, 50), (10, 40, 50), (0, 64, 64), (5, 5, 30), (100, 0, 28)):
-            host = rng.standard_normal((outer, cap, inner)).astype(dt)
-            expect = host.copy()
-            copy_ref(expect, expect, ss, ds, n)
-            run_case(f"copy_range in-place {np.dtype(dt).name} {ss}->{ds} n={n}", host, expect,
-                     lambda p, d=dt, a=ss, b=ds, m=n: ops.copy_range(p, p, outer, cap, cap,
-                                                                     inner, d, a, b, m))
-        # between two buffers of different capacity (boundary save / restore)
-        small = np.zeros((outer, 32, inner), dt)
-        host = rng.standard_normal((outer, cap, inner)).astype(dt)
-        expect = small.copy()
-        copy_ref(host, expect, 70, 3, 20)
-        src_ptr = ops.malloc(host.nbytes)
-        try:
-            ops.upload(src_ptr, host)
-            run_case(f"copy_range between buffers {np.dtype(dt).name}", small, expect,
-                     lambda p, d=dt, s=src_ptr: ops.copy_range(s, p, outer, cap, 32, inner,
-                                                               d, 70, 3, 20))
-        finally:
-            ops.free(src_ptr)
-
+        _copy_range_cases(check, rng, np.dtype(dt), copy_ref)
     kind = "emulated device" if ops.emulation else f"{n_dev} CUDA device(s)"
-    if failures:
+    if check.failures:
         raise RuntimeError(f"CUDA KV kernels disagree with the CPU reference ({ref_backend}) in "
-                           f"{len(failures)}/{checked} cases: {failures[:8]}")
-    return f"ok: {checked} cases match the {ref_backend} reference on {kind}"
+                           f"{len(check.failures)}/{check.checked} cases: {check.failures[:8]}")
+    return f"ok: {check.checked} cases match the {ref_backend} reference on {kind}"
+
+
+def _copy_range_cases(check: _Checker, rng: np.random.Generator, dt: np.dtype,
+                      copy_ref: Callable[..., None]) -> None:
+    """copy_range in place (overlapping both ways) and between buffers of different capacity."""
+    ops, outer, cap, inner = check.ops, 6, 128, 24
+    for ss, ds, n in ((40, 10, 50), (10, 40, 50), (0, 64, 64), (5, 5, 30), (100, 0, 28)):
+        host = rng.standard_normal((outer, cap, inner)).astype(dt)
+        expect = host.copy()
+        copy_ref(expect, expect, ss, ds, n)
+        check.run(f"copy_range in-place {dt.name} {ss}->{ds} n={n}", host, expect,
+                  lambda p, a=ss, b=ds, m=n: ops.copy_range(p, p, outer, cap, cap, inner, dt, a, b, m))
+    # between two buffers of different capacity (boundary save / restore)
+    small = np.zeros((outer, 32, inner), dt)
+    host = rng.standard_normal((outer, cap, inner)).astype(dt)
+    expect = small.copy()
+    copy_ref(host, expect, 70, 3, 20)
+    src_ptr = ops.malloc(host.nbytes)
+    try:
+        ops.upload(src_ptr, host)
+        check.run(f"copy_range between buffers {dt.name}", small, expect,
+                  lambda p: ops.copy_range(src_ptr, p, outer, cap, 32, inner, dt, 70, 3, 20))
+    finally:
+        ops.free(src_ptr)

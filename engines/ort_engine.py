@@ -47,9 +47,10 @@ from typing import Any
 
 import numpy as np
 
+from rapid.core.errors import RapidError
+from rapid.core.manifest import ONNX_FILE, input_names, load_manifest, numpy_dtype, output_names
+from rapid.engines import native
 from rapid.engines.base import EngineInfo, ReadyHandle, step_inputs
-from rapid.errors import RapidError
-from rapid.manifest import ONNX_FILE, input_names, load_manifest, numpy_dtype, output_names
 
 log = logging.getLogger("rapid.engines.onnx")
 
@@ -275,8 +276,6 @@ def move_kv(buf: np.ndarray, src: Sequence[int], dst_start: int) -> None:
         return
     ordered = src[0] >= dst_start and all(a < b for a, b in zip(src, src[1:], strict=False))
     if n > 1 and ordered and _native_ok():
-        from rapid.engines import native
-
         native.gather_rows(buf, np.asarray(src, dtype=np.int64),
                            np.arange(dst_start, dst_start + n, dtype=np.int64), axis=-2, backend="native")
         return
@@ -290,8 +289,6 @@ def _native_ok() -> bool:
     global _NATIVE
     if _NATIVE is None:
         try:
-            from rapid.engines import native
-
             _NATIVE = bool(native.cpu_available())
         except Exception:  # optional library: any failure means "use numpy"
             _NATIVE = False

@@ -19,9 +19,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rapid.errors import RapidError
-from rapid.manifest import ENGINE_FILE, ONNX_FILE, is_export_dir, load_manifest
-from rapid.precision import choose_dtype, cpu_flags
+from rapid.core.errors import RapidError
+from rapid.core.manifest import ENGINE_FILE, ONNX_FILE, is_export_dir, load_manifest
+from rapid.core.optional import import_optional
+from rapid.core.precision import choose_dtype, cpu_flags
+from rapid.engines.ort_engine import OrtEngine
+from rapid.engines.trt_engine import TrtEngine
 
 log = logging.getLogger("rapid.engines")
 
@@ -104,37 +107,32 @@ def open_engine(kind: str = "auto", source: str | os.PathLike[str] = "default-dr
     ``device``: torch device for ``torch`` ("cpu" default), CUDA ordinal for ``trt``.
     ``threads``: intra-op threads (torch.set_num_threads / ORT intra_op_num_threads).
     ``options``: passed to the backend class (e.g. ``kv_binding`` for onnx); for torch, ``dtype``
-    (default ``"auto"``: bf16 where the device computes it natively, ``rapid.precision``).
+    (default ``"auto"``: bf16 where the device computes it natively, ``rapid.core.precision``).
     """
     chosen, reason = choose_backend(kind, source)
     log.info("draft engine: %s (%s) from %s", chosen, reason, source)
     if chosen == "onnx":
-        from rapid.engines.ort_engine import OrtEngine
-
         return OrtEngine(source, capacity=capacity, providers=providers, threads=threads, **options)
     if chosen == "trt":
-        from rapid.engines.trt_engine import TrtEngine
-
         return TrtEngine(source, capacity=capacity, device=_cuda_ordinal(device), **options)
-    import torch
+    import torch  # the PyTorch draft: torch is the cloud extra's, not the edge's
 
-    from rapid.engines.torch_engine import TorchEngine
-    from rapid.modeling import load_decoder
-
+    torch_engine = import_optional("rapid.engines.torch_engine", "cloud")
+    modeling = import_optional("rapid.modeling", "cloud")
     if threads:
         torch.set_num_threads(int(threads))
     spec = _torch_model_spec(source)
     if capacity is None:
         capacity = int(load_manifest(source)["max_context"]) if is_export_dir(source) else 2048
-    dtype = options.pop("dtype", "auto")  # a torch dtype, or a rapid.precision name ("auto": bf16 where native)
+    dtype = options.pop("dtype", "auto")  # a torch dtype, or a rapid.core.precision name ("auto": bf16 where native)
     if isinstance(dtype, str):
         choice = choose_dtype(dtype, device or "cpu", cpu_flags())
         log.info("torch draft dtype %s (%s)", choice.dtype, choice.reason)
         dtype = getattr(torch, choice.dtype)
-    decoder, _ = load_decoder(spec, dtype=dtype)
+    decoder, _ = modeling.load_decoder(spec, dtype=dtype)
     if options:
         raise EngineSelectError(f"options {sorted(options)} do not apply to the torch backend")
-    return TorchEngine(decoder, capacity=capacity, device=device or "cpu")
+    return torch_engine.TorchEngine(decoder, capacity=capacity, device=device or "cpu")
 
 
 def share_engine(engine: Any) -> Any:
@@ -144,17 +142,12 @@ def share_engine(engine: Any) -> Any:
     own their buffers, so it is opened again from its export folder (same capacity and prefill
     chunk): the weights then exist once per engine on the device (docs/engines.md)."""
     if engine.info.backend == "torch":
-        from rapid.engines.torch_engine import TorchEngine
-
-        return TorchEngine(engine.model, capacity=engine.info.capacity, device=str(engine.device))
+        torch_engine = import_optional("rapid.engines.torch_engine", "cloud")
+        return torch_engine.TorchEngine(engine.model, capacity=engine.info.capacity, device=str(engine.device))
     if engine.info.backend == "onnx":
-        from rapid.engines.ort_engine import OrtEngine
-
         return OrtEngine(engine.export_dir, capacity=engine.info.capacity, kv_binding=engine.kv_binding,
                          session=engine.session)
     if engine.info.backend == "trt":
-        from rapid.engines.trt_engine import TrtEngine
-
         ordinal = int(engine.info.device.split(":")[1].split()[0])  # "cuda:N (name)"
         return TrtEngine(engine.export_dir, capacity=engine.info.capacity, device=ordinal, chunk=engine.chunk)
     raise EngineSelectError(f"cannot share a {engine.info.backend} engine")

@@ -49,7 +49,16 @@ from typing import Any
 
 import numpy as np
 
-from rapid.engines import trt_layout
+from rapid.core.manifest import ENGINE_FILE, input_names, load_manifest, output_names
+from rapid.core.trt_support import (
+    PREFILL_CHUNK,
+    TENSORRT_HINT,
+    TrtUnavailableError,
+    missing_modules,
+    require_tensorrt,
+)
+from rapid.engines import cuda as cu
+from rapid.engines import native, trt_layout
 from rapid.engines.base import EngineInfo, StepInputError, StepInputs, step_inputs
 from rapid.engines.trt_io import (
     Slot,
@@ -59,14 +68,6 @@ from rapid.engines.trt_io import (
     check_engine_io,
     runs,
     shared_contexts,
-)
-from rapid.manifest import ENGINE_FILE, input_names, load_manifest, output_names
-from rapid.trt_support import (
-    PREFILL_CHUNK,
-    TENSORRT_HINT,
-    TrtUnavailableError,
-    missing_modules,
-    require_tensorrt,
 )
 
 log = logging.getLogger("rapid.engines.trt")
@@ -98,8 +99,6 @@ class TrtEngine:
             raise TrtUnavailableError(f"the TensorRT backend needs {' and '.join(missing)}, not installed here. "
                                       + " | ".join(hints[m] for m in missing))
         trt = require_tensorrt()
-        from rapid.engines import cuda as cu
-
         self._cu = cu
         self.export_dir = Path(export_dir).expanduser()
         m = self.manifest = load_manifest(self.export_dir)
@@ -166,8 +165,6 @@ class TrtEngine:
     @staticmethod
     def _load_kvops() -> Any:
         try:
-            from rapid.engines import native
-
             ops = native.cuda_ops()
             return None if ops.emulation or ops.device_count()[0] == 0 else ops
         except Exception as e:  # optional accelerator; any failure means "use the memcpy path"

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rapid.errors import RapidError
+from rapid.core.errors import RapidError
 
 
 class TrtEngineError(RapidError):

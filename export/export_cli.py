@@ -8,10 +8,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from rapid.errors import RapidError
+from rapid.core.errors import RapidError
+from rapid.core.manifest import ONNX_FILE
 from rapid.export.onnx_export import export_onnx
 from rapid.export.quantize import SCHEMES, QuantConfig, QuantizeError, quantize_export
-from rapid.manifest import ONNX_FILE
+from rapid.export.trt_build import build_trt
 
 
 def load_export_tokenizer(out: Path):
@@ -85,8 +86,6 @@ def run_from_args(args: argparse.Namespace) -> int:
               f"top-1 agreement with fp32 {q['top1_vs_fp32']:.1%} over {q['positions']} positions, "
               f"max|Δlogit| {q['max_abs_diff_vs_fp32']:.3g}")
     if getattr(args, "trt", False):
-        from rapid.export.trt_build import build_trt
-
         try:
             entry = build_trt(out / ONNX_FILE, out, fp16=args.dtype == "fp16", max_context=args.max_context,
                               max_tree=args.max_tree)

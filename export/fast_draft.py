@@ -9,8 +9,8 @@ built once into the cache (``rapid export --quantize int4``: about two minutes) 
 from __future__ import annotations
 
 from rapid import models
+from rapid.core.manifest import is_export_dir
 from rapid.export.quantize import QuantConfig, ensure_quantized_export
-from rapid.manifest import is_export_dir
 
 FAST_DRAFT = "default-draft-int4"  # the default draft exported to ONNX, weights int4 (MatMulNBits)
 

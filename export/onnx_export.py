@@ -40,8 +40,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from rapid.errors import RapidError
-from rapid.manifest import (
+from rapid.core.errors import RapidError
+from rapid.core.manifest import (
     ENGINE_FILE,
     FORMAT,
     FORMAT_VERSION,
@@ -53,6 +53,9 @@ from rapid.manifest import (
     output_names,
     write_manifest,
 )
+from rapid.core.optional import import_optional
+from rapid.export.parity import run_parity
+from rapid.models import load_hf_model, load_tokenizer, resolve_model, sha256_file
 
 log = logging.getLogger("rapid.export")
 
@@ -157,8 +160,6 @@ def _versions() -> dict[str, str]:
 
 def _weights_info(resolved: str, progress: bool) -> dict[str, Any]:
     """sha256 of the local weight files (none for a hub id) and the folder's provenance file."""
-    from rapid.models import sha256_file
-
     folder = Path(resolved)
     if not folder.is_dir():
         return {"local": False, "weights": [], "note": "hub id: weights are in the Hugging Face cache"}
@@ -221,41 +222,14 @@ def export_onnx(model: str | Path, out_dir: str | Path, dtype: str = "fp32", max
 
 def _export(spec: str, out: Path, dtype: str, max_context: int, max_tree: int, progress: bool,
             opset: int | None, parity_threshold: float | None, stage: _Stages) -> dict[str, Any]:
-    import torch
-    from transformers import AutoConfig
-
-    from rapid.export.parity import run_parity
-    from rapid.modeling import Decoder, DecoderConfig
-    from rapid.models import load_hf_model, load_tokenizer, resolve_model
-
     t_start = time.perf_counter()
     with stage("check"):
-        if dtype not in ("fp32", "fp16"):
-            raise ExportError(f"dtype must be 'fp32' or 'fp16', got {dtype!r}")
-        resolved = resolve_model(spec)  # ModelSourceError for a bad path
-        try:
-            hf_cfg = AutoConfig.from_pretrained(resolved)
-        except (OSError, ValueError, KeyError) as e:
-            raise ExportError(f"cannot read the model config of {spec!r} ({resolved}): {e}") from e
-        dcfg = DecoderConfig.from_hf(hf_cfg)  # UnsupportedModelError for other architectures
-        check_arguments(dcfg, dtype, max_context, max_tree)
-        _check_writable(out)
-        # A failed export must not leave an older manifest/engine describing the new graph.
-        for name in (MANIFEST_FILE, ENGINE_FILE):
-            (out / name).unlink(missing_ok=True)
-
+        resolved = _check(spec, out, dtype, max_context, max_tree)
     with stage("load"):
-        try:
-            hf = load_hf_model(spec, dtype=torch.float32)
-        except (OSError, ValueError) as e:
-            raise ExportError(f"cannot load the weights of {spec!r}: {e}") from e
-        reference = Decoder.from_hf(hf)  # fp32, shares the HF tensors
-        exported = reference if dtype == "fp32" else Decoder.from_hf(hf, dtype=torch.float16)
-        del hf
-        c = reference.config
+        reference, exported = _load(spec, dtype)
         weight_bytes = _param_bytes(exported)
         external = weight_bytes > EXTERNAL_DATA_LIMIT
-
+    c = reference.config
     onnx_path = out / ONNX_FILE
     data_name = ONNX_FILE + ".data"
     with stage("export"):
@@ -269,58 +243,94 @@ def _export(spec: str, out: Path, dtype: str, max_context: int, max_tree: int, p
             raise ExportError(f"cannot write {onnx_path}: {e}") from e
         del program
         graph_opset = _check_graph(onnx_path, c.num_layers)
-
     with stage("tokenizer"):
-        try:
-            tok = load_tokenizer(spec)
-            tok.save_pretrained(out)
-            tokenizer_files = sorted(p.name for p in out.iterdir() if p.name.startswith(("tokenizer", "special_tokens",
-                                                                                        "vocab", "merges", "chat_template",
-                                                                                        "added_tokens")))
-        except (OSError, ValueError) as e:
-            raise ExportError(f"cannot copy the tokenizer of {spec!r}: {e}") from e
-
+        tokenizer_files = _copy_tokenizer(spec, out)
     with stage("hash"):
         source = {"spec": spec, "resolved": resolved, **_weights_info(resolved, progress)}
-
     with stage("parity"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             parity = run_parity(onnx_path, reference, dtype, threshold=parity_threshold)
-
     with stage("manifest"):
-        manifest = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "model": source,
-            "architecture": {
-                "model_type": c.model_type, "layers": c.num_layers, "heads": c.num_heads,
-                "kv_heads": c.num_kv_heads, "head_dim": c.head_dim, "hidden": c.hidden_size,
-                "vocab": c.vocab_size, "max_position": c.max_position, "rope_theta": c.rope_theta,
-                "tie_embeddings": c.tie_embeddings,
-            },
-            "dtype": dtype,
-            "max_context": max_context,
-            "max_tree": max_tree,
-            "eos_token_ids": list(c.eos_token_ids),
-            "present_kv": PRESENT_KV_CONVENTION,
-            "present_kv_doc": "present_key_i/present_value_i hold only the T new entries [1, kv_heads, T, "
-                              "head_dim]; the runtime writes them into its own cache at slots [P, P+T)",
-            "mask": {"kind": "additive", "attend": 0.0, "blocked": -1e9, "shape": [1, 1, "T", "P+T"]},
-            "io": io_spec(c.num_layers, c.num_kv_heads, c.head_dim, c.vocab_size, dtype),
-            "files": {"onnx": ONNX_FILE, "onnx_data": data_name if external else None,
-                      "tokenizer": tokenizer_files},
-            "weights_bytes": weight_bytes,
-            "exporter": {"name": "torch.onnx.export(dynamo=True)", "opset": graph_opset,
-                         "example_T": EXAMPLE_T, "example_P": EXAMPLE_P, "versions": _versions()},
-            "parity": parity,
-        }
+        manifest = _manifest(c, source, dtype, max_context, max_tree)
+        manifest["files"] = {"onnx": ONNX_FILE, "onnx_data": data_name if external else None,
+                             "tokenizer": tokenizer_files}
+        manifest["weights_bytes"] = weight_bytes
+        manifest["exporter"] = {"name": "torch.onnx.export(dynamo=True)", "opset": graph_opset,
+                                "example_T": EXAMPLE_T, "example_P": EXAMPLE_P, "versions": _versions()}
+        manifest["parity"] = parity
     manifest["timings_s"] = dict(stage.times, total=round(time.perf_counter() - t_start, 3))
     write_manifest(out, manifest)
     log.info("exported %s -> %s in %.1f s (parity max |Δlogit| %.3g)", spec, onnx_path,
              manifest["timings_s"]["total"], parity["max_abs_diff"])
     return manifest
+
+
+def _check(spec: str, out: Path, dtype: str, max_context: int, max_tree: int) -> str:
+    """The resolved model path, after every check that needs no weights."""
+    from transformers import AutoConfig
+
+    if dtype not in ("fp32", "fp16"):
+        raise ExportError(f"dtype must be 'fp32' or 'fp16', got {dtype!r}")
+    resolved = resolve_model(spec)  # ModelSourceError for a bad path
+    try:
+        hf_cfg = AutoConfig.from_pretrained(resolved)
+    except (OSError, ValueError, KeyError) as e:
+        raise ExportError(f"cannot read the model config of {spec!r} ({resolved}): {e}") from e
+    dcfg = import_optional("rapid.modeling", "export").DecoderConfig.from_hf(hf_cfg)  # UnsupportedModelError
+    check_arguments(dcfg, dtype, max_context, max_tree)
+    _check_writable(out)
+    # A failed export must not leave an older manifest/engine describing the new graph.
+    for name in (MANIFEST_FILE, ENGINE_FILE):
+        (out / name).unlink(missing_ok=True)
+    return resolved
+
+
+def _load(spec: str, dtype: str):
+    """(the fp32 reference Decoder, the Decoder to export: the same one, or its fp16 copy)."""
+    import torch
+
+    modeling = import_optional("rapid.modeling", "export")
+    try:
+        hf = load_hf_model(spec, dtype=torch.float32)
+    except (OSError, ValueError) as e:
+        raise ExportError(f"cannot load the weights of {spec!r}: {e}") from e
+    reference = modeling.Decoder.from_hf(hf)  # fp32, shares the HF tensors
+    return reference, reference if dtype == "fp32" else modeling.Decoder.from_hf(hf, dtype=torch.float16)
+
+
+def _copy_tokenizer(spec: str, out: Path) -> list[str]:
+    try:
+        load_tokenizer(spec).save_pretrained(out)
+    except (OSError, ValueError) as e:
+        raise ExportError(f"cannot copy the tokenizer of {spec!r}: {e}") from e
+    return sorted(p.name for p in out.iterdir() if p.name.startswith(
+        ("tokenizer", "special_tokens", "vocab", "merges", "chat_template", "added_tokens")))
+
+
+def _manifest(c, source: dict, dtype: str, max_context: int, max_tree: int) -> dict[str, Any]:
+    """The manifest's fields fixed by the model and the export's arguments."""
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "model": source,
+        "architecture": {
+            "model_type": c.model_type, "layers": c.num_layers, "heads": c.num_heads,
+            "kv_heads": c.num_kv_heads, "head_dim": c.head_dim, "hidden": c.hidden_size,
+            "vocab": c.vocab_size, "max_position": c.max_position, "rope_theta": c.rope_theta,
+            "tie_embeddings": c.tie_embeddings,
+        },
+        "dtype": dtype,
+        "max_context": max_context,
+        "max_tree": max_tree,
+        "eos_token_ids": list(c.eos_token_ids),
+        "present_kv": PRESENT_KV_CONVENTION,
+        "present_kv_doc": "present_key_i/present_value_i hold only the T new entries [1, kv_heads, T, "
+                          "head_dim]; the runtime writes them into its own cache at slots [P, P+T)",
+        "mask": {"kind": "additive", "attend": 0.0, "blocked": -1e9, "shape": [1, 1, "T", "P+T"]},
+        "io": io_spec(c.num_layers, c.num_kv_heads, c.head_dim, c.vocab_size, dtype),
+    }
 
 
 def _run_exporter(decoder, c, max_context: int, opset: int | None):

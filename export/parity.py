@@ -37,9 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from rapid.errors import RapidError
-from rapid.geometry import ancestor_mask, tree_depths
-from rapid.manifest import input_names, output_names
+from rapid.core.errors import RapidError
+from rapid.core.geometry import ancestor_mask, tree_depths
+from rapid.core.manifest import input_names, output_names
+from rapid.core.optional import import_optional
 
 log = logging.getLogger("rapid.export.parity")
 
@@ -78,7 +79,7 @@ def parity_steps(vocab: int, seed: int = 0) -> list[dict[str, Any]]:
     return steps
 
 
-def _ort_session(onnx_path: Path, threads: int | None = None):
+def ort_session(onnx_path: Path, threads: int | None = None):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -87,6 +88,23 @@ def _ort_session(onnx_path: Path, threads: int | None = None):
         so.intra_op_num_threads = threads
     so.log_severity_level = 3
     return ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
+
+
+def _check_presents(outs: dict, kv: Any, past: dict, c: Any, start: int, t: int) -> float:
+    """max |ΔKV| of the ``t`` new entries against the reference cache (what the next step attends
+    to); appends them to ``past`` for the next ONNX step."""
+    kv_diff = 0.0
+    for i in range(c.num_layers):
+        for kind, buf in (("key", kv.k), ("value", kv.v)):
+            new = outs[f"present_{kind}_{i}"]
+            if new.shape != (1, c.num_kv_heads, t, c.head_dim):
+                raise ParityError(f"present_{kind}_{i} has shape {list(new.shape)}, expected "
+                                  f"[1, {c.num_kv_heads}, {t}, {c.head_dim}] (present = new entries only)")
+            want = buf[i, :, start:start + t].numpy()
+            kv_diff = max(kv_diff, float(np.abs(new[0].astype(np.float32) - want).max()))
+            name = f"past_{kind}_{i}"
+            past[name] = np.concatenate([past[name], new], axis=2)
+    return kv_diff
 
 
 def run_parity(onnx_path: str | Path, reference: Any, dtype: str = "fp32", *, threshold: float | None = None,
@@ -99,22 +117,21 @@ def run_parity(onnx_path: str | Path, reference: Any, dtype: str = "fp32", *, th
     """
     import torch
 
-    from rapid.kvcache import StaticKV
-    from rapid.modeling import additive_mask
-
+    StaticKV = import_optional("rapid.kvcache", "export").StaticKV
+    additive_mask = import_optional("rapid.modeling", "export").additive_mask
     if dtype not in THRESHOLDS:
         raise ValueError(f"dtype must be one of {sorted(THRESHOLDS)}, got {dtype!r}")
     thr = THRESHOLDS[dtype] if threshold is None else float(threshold)
     c = reference.config
     np_dt = np.float16 if dtype == "fp16" else np.float32
     t0 = time.perf_counter()
-    sess = session if session is not None else _ort_session(Path(onnx_path))
+    sess = session if session is not None else ort_session(Path(onnx_path))
     in_names, out_names = input_names(c.num_layers), output_names(c.num_layers)
     past = {n: np.zeros((1, c.num_kv_heads, 0, c.head_dim), np_dt) for n in in_names[3:]}
     steps = parity_steps(c.vocab_size, seed)
     kv = StaticKV.for_config(c, sum(len(s["tokens"]) for s in steps), torch.float32)
     cases: dict[str, Any] = {}
-    ok = True
+    ok: bool = True
     for s in steps:
         t = len(s["tokens"])
         ids = np.asarray(s["tokens"], np.int64)[None]
@@ -132,36 +149,18 @@ def run_parity(onnx_path: str | Path, reference: Any, dtype: str = "fp32", *, th
         diff = float(np.abs(got - ref).max())
         scale = float(np.abs(ref).max())
         bound = thr if dtype == "fp32" else thr * max(1.0, scale)
-        # the new KV entries against the reference cache (what the next step will attend to)
-        kv_diff = 0.0
-        for i in range(c.num_layers):
-            for kind, buf in (("key", kv.k), ("value", kv.v)):
-                new = outs[f"present_{kind}_{i}"]
-                if new.shape != (1, c.num_kv_heads, t, c.head_dim):
-                    raise ParityError(f"present_{kind}_{i} has shape {list(new.shape)}, expected "
-                                      f"[1, {c.num_kv_heads}, {t}, {c.head_dim}] (present = new entries only)")
-                want = buf[i, :, s["P"]:s["P"] + t].numpy()
-                kv_diff = max(kv_diff, float(np.abs(new[0].astype(np.float32) - want).max()))
-                name = f"past_{kind}_{i}"
-                past[name] = np.concatenate([past[name], new], axis=2)
+        kv_diff = _check_presents(outs, kv, past, c, s["P"], t)
         case = {"T": t, "P": s["P"], "max_abs_diff": diff, "max_abs_logit": scale, "bound": bound,
                 "top1_agree": float(np.mean(got.argmax(-1) == ref.argmax(-1))), "kv_max_abs_diff": kv_diff}
         cases[s["name"]] = case
         log.info("parity %-7s T=%-2d P=%-2d max|Δlogit|=%.3g (bound %.3g) top1=%.2f max|ΔKV|=%.3g",
                  s["name"], t, s["P"], diff, bound, case["top1_agree"], kv_diff)
-        if not diff <= bound:  # also catches NaN
-            ok = False
-    result = {
-        "reference": "rapid.modeling.Decoder float32 (PyTorch, CPU)",
-        "runtime": "onnxruntime CPUExecutionProvider, ORT_ENABLE_ALL",
-        "dtype": dtype,
-        "threshold": thr,
-        "threshold_kind": THRESHOLD_KIND[dtype],
-        "cases": cases,
-        "max_abs_diff": max(cc["max_abs_diff"] for cc in cases.values()),
-        "ok": ok,
-        "seconds": round(time.perf_counter() - t0, 3),
-    }
+        ok = ok and diff <= bound  # a NaN fails too
+    result = {"reference": "rapid.modeling.Decoder float32 (PyTorch, CPU)",
+              "runtime": "onnxruntime CPUExecutionProvider, ORT_ENABLE_ALL", "dtype": dtype, "threshold": thr,
+              "threshold_kind": THRESHOLD_KIND[dtype], "cases": cases,
+              "max_abs_diff": max(cc["max_abs_diff"] for cc in cases.values()), "ok": ok,
+              "seconds": round(time.perf_counter() - t0, 3)}
     if not ok and raise_on_fail:
         bad = {k: f"{v['max_abs_diff']:.3g} > {v['bound']:.3g}" for k, v in cases.items()
                if not v["max_abs_diff"] <= v["bound"]}

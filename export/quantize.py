@@ -28,8 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from rapid.errors import RapidError
-from rapid.manifest import ONNX_FILE, input_names, load_manifest, write_manifest
+from rapid.core.errors import RapidError
+from rapid.core.manifest import ONNX_FILE, input_names, load_manifest, write_manifest
+from rapid.export.onnx_export import export_onnx
+from rapid.export.parity import ort_session
 
 log = logging.getLogger("rapid.export")
 
@@ -117,8 +119,6 @@ def agreement(fp32_session: Any, quant_session: Any, manifest: dict[str, Any], p
 def quantize_export(export_dir: str | Path, cfg: QuantConfig, tokenizer: Any) -> dict[str, Any]:
     """Quantize ``DIR/draft.onnx`` in place (fp32 export in, weight-only int4/int8 out); return
     the manifest's new ``quantization`` entry. ``tokenizer`` encodes ``HELD_IN_PROMPTS``."""
-    from rapid.export.parity import _ort_session
-
     out = Path(export_dir)
     manifest = load_manifest(out)
     if manifest["dtype"] != "fp32" or manifest.get("quantization"):
@@ -128,7 +128,7 @@ def quantize_export(export_dir: str | Path, cfg: QuantConfig, tokenizer: Any) ->
     shutil.rmtree(staging, ignore_errors=True)
     _quantize_graph(out / ONNX_FILE, staging / ONNX_FILE, cfg)
     prompts = [list(tokenizer(p)["input_ids"]) for p in HELD_IN_PROMPTS]
-    stats = agreement(_ort_session(out / ONNX_FILE, 1), _ort_session(staging / ONNX_FILE, 1), manifest, prompts)
+    stats = agreement(ort_session(out / ONNX_FILE, 1), ort_session(staging / ONNX_FILE, 1), manifest, prompts)
     if stats["top1_vs_fp32"] < MIN_TOP1:
         shutil.rmtree(staging, ignore_errors=True)
         raise QuantizeError(f"{cfg.scheme} draft agrees with fp32 on only {stats['top1_vs_fp32']:.0%} of argmaxes")
@@ -150,8 +150,6 @@ def ensure_quantized_export(model: str, out_dir: str | Path, cfg: QuantConfig, p
     """``out_dir`` holding ``model`` exported and quantized with ``cfg``: reused when its manifest
     says so, else built (export + quantize: about two minutes for a 0.5B draft on one core)."""
     from transformers import AutoTokenizer
-
-    from rapid.export.onnx_export import export_onnx
 
     out = Path(out_dir).expanduser()
     try:

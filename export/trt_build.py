@@ -14,7 +14,7 @@ are not rounded to a 10-bit mantissa. ``fp16=True`` on an fp32 graph (or ``False
 one) is refused rather than silently building something else.
 
 Profiles (min / opt / max; S = the mask's key axis, P + T at run time; C = max_context,
-N = the prefill chunk, ``rapid.trt_support.PREFILL_CHUNK`` = 256 by default):
+N = the prefill chunk, ``rapid.core.trt_support.PREFILL_CHUNK`` = 256 by default):
 
 =========  ===================  =====================  ============================
 profile    T                    P (past)               S
@@ -43,9 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rapid.errors import RapidError
-from rapid.export.trt_precision import check_onnx_precision
-from rapid.manifest import (
+from rapid.core.errors import RapidError
+from rapid.core.manifest import (
     ENGINE_FILE,
     ONNX_FILE,
     TIMING_CACHE_FILE,
@@ -53,7 +52,8 @@ from rapid.manifest import (
     load_manifest,
     write_manifest,
 )
-from rapid.trt_support import PREFILL_CHUNK, require_tensorrt
+from rapid.core.trt_support import PREFILL_CHUNK, require_tensorrt
+from rapid.export.trt_precision import check_onnx_precision
 
 log = logging.getLogger("rapid.export.trt")
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto
 
-from rapid.errors import RapidError
+from rapid.core.errors import RapidError
 
 FP32_OPS = frozenset({"Pow", "ReduceMean", "Sqrt", "Reciprocal", "Softmax", "Cos", "Sin",
                       "LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization"})

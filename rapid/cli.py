@@ -15,15 +15,18 @@ Global options (before the subcommand): -v (debug logs), --log-format text|json,
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.metadata
 import sys
 
-from rapid.errors import RapidError
-from rapid.export.export_cli import add_quantize_arguments
+from rapid import models
+from rapid.core.errors import RapidError
+from rapid.core.logsafe import LOG_FORMATS, setup_logging
+from rapid.core.optional import import_optional
+from rapid.core.precision import DTYPES
+from rapid.demo import run_demo
+from rapid.doctor import run_doctor
+from rapid.export.export_cli import add_quantize_arguments, run_from_args
 from rapid.export.fast_draft import FAST_DRAFT
-from rapid.logsafe import LOG_FORMATS, setup_logging
-from rapid.precision import DTYPES
 from rapid.runtime.args import (
     BACKENDS,
     HelpFormatter,
@@ -31,7 +34,9 @@ from rapid.runtime.args import (
     add_context_arg,
     add_tree_args,
 )
+from rapid.runtime.generate import run_generate
 from rapid.server.ray_args import add_scale_out_args, scale_out_options, wants_ray
+from rapid.server.serve_config import ServeConfig, add_serve_args
 
 
 def _version() -> str:
@@ -58,31 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--which", choices=["draft", "target", "both"], default="both")
 
     s = _add(sub, "serve", help="run the cloud verifier")
-    s.add_argument("--target", default="default-target", help="HF id, local folder, .gguf, or default-target")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8765)
-    s.add_argument("--threads", type=int, default=1)
-    s.add_argument("--dtype", default="auto", choices=DTYPES,
-                   help="auto = bfloat16 where the CPU/GPU computes it natively, else float32")
-    s.add_argument("--verify", default="auto", choices=["auto", "tree", "sequential"],
-                   help="auto = one forward per tree where measured batch-invariant, else sequential (exact)")
-    s.add_argument("--device", default="auto", help="auto|cpu|cuda|cuda:N (auto = the first CUDA device, else the CPU)")
-    s.add_argument("--max-sessions", type=int, default=16,
-                   help="sessions holding target KV; a new one beyond it gets ErrorFrame(full)")
-    s.add_argument("--max-connections", type=int, default=0,
-                   help="open websocket connections; beyond it the upgrade gets HTTP 503 (0 = 4 x --max-sessions)")
-    s.add_argument("--hello-timeout", type=float, default=10.0,
-                   help="close a connection that holds no session this many s after connecting")
-    s.add_argument("--max-context", type=int, default=4096)
-    s.add_argument("--max-nodes", type=int, default=64)
-    s.add_argument("--token-file", help="shared secret for the websocket handshake (else $RAPID_TOKEN; none = open, dev only)")
-    s.add_argument("--cert", help="TLS certificate (PEM): serve wss://")
-    s.add_argument("--key", help="TLS private key (PEM)")
-    s.add_argument("--batch-window-ms", type=float, default=2.0, help="collect trees of several sessions this long")
-    s.add_argument("--max-batch", type=int, default=8, help="trees per target forward (1 = no batching)")
-    s.add_argument("--idle-timeout", type=float, default=600.0,
-                   help="free a silent session's KV after this many s (its connection gets ErrorFrame(timeout))")
-    s.add_argument("--grace", type=float, default=30.0, help="keep a dropped session's KV this long for a resume")
+    add_serve_args(s)
     add_scale_out_args(s)
 
     g = _add(sub, "generate", help="generate with edge drafting and cloud verification")
@@ -129,11 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-# Subcommands that own their whole argument parser: name -> "module:function(argv) -> int".
+# Subcommands that own their whole argument parser: name -> ("module:function(argv) -> int", the
+# pip extra it needs), imported only when that subcommand runs.
 DELEGATED = {
-    "edge": "rapid.runtime.daemon:main",
-    "bench": "rapid.bench.cli:main_bench",
-    "sim": "rapid.bench.cli:main_sim",
+    "edge": ("rapid.runtime.daemon:main", "edge"),
+    "bench": ("rapid.bench.cli:main_bench", "cloud,edge,bench"),
+    "sim": ("rapid.bench.cli:main_sim", "bench"),
 }
 
 
@@ -158,10 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     verbose, fmt, rest = _global_options(argv)
     if rest and rest[0] in DELEGATED and fmt in LOG_FORMATS:
         argv = rest
-        mod, fn = DELEGATED[argv[0]].split(":")
+        entry, extra = DELEGATED[argv[0]]
+        mod, fn = entry.split(":")
         setup_logging(verbose, fmt)
         try:
-            return getattr(importlib.import_module(mod), fn)(argv[1:])
+            return getattr(import_optional(mod, extra), fn)(argv[1:])
         except RapidError as e:
             print(f"rapid {argv[0]}: error: {e}", file=sys.stderr)
             return 2
@@ -178,8 +161,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args) -> int:
     if args.cmd == "models":
-        from rapid import models
-
         if args.action == "fetch":
             which = ("draft", "target") if args.which == "both" else (args.which,)
             for name, path in models.fetch_default(which).items():
@@ -189,33 +170,17 @@ def _dispatch(args) -> int:
                 print(row)
         return 0
     if args.cmd == "serve" and wants_ray(args):
-        from rapid.server.ray_serve import ALL_KEYS, run_ray_serve
-
-        return run_ray_serve(scale_out_options(args, ALL_KEYS))
+        ray_serve = import_optional("rapid.server.ray_serve", "cloud,ray")
+        return ray_serve.run_ray_serve(scale_out_options(args, ray_serve.ALL_KEYS))
     if args.cmd == "serve":
-        from rapid.server.main import run_serve
-
-        return run_serve(args.target, args.host, args.port, args.threads, args.dtype, args.max_sessions,
-                         args.max_context, args.max_nodes, token_file=args.token_file, cert=args.cert,
-                         key=args.key, batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
-                         idle_timeout=args.idle_timeout, grace=args.grace, verify=args.verify,
-                         device=args.device, hello_timeout=args.hello_timeout,
-                         max_connections=args.max_connections)
+        return import_optional("rapid.server.main", "cloud").run_serve(ServeConfig.of(args))
     if args.cmd == "generate":
-        from rapid.runtime.generate import run_generate
-
         return run_generate(args)
     if args.cmd == "demo":
-        from rapid.demo import run_demo
-
         return run_demo(args)
     if args.cmd == "export":
-        from rapid.export.export_cli import run_from_args
-
         return run_from_args(args)
     if args.cmd == "doctor":
-        from rapid.doctor import run_doctor
-
         return run_doctor(args.target)
     raise AssertionError(args.cmd)
 

@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 
 from rapid import models
+from rapid.core.procs import free_port, split_cores, start_server, stop_server
+from rapid.core.sampling import SamplingParams
 from rapid.export.fast_draft import resolve_draft
-from rapid.procs import free_port, split_cores, start_server, stop_server
 from rapid.runtime.args import tree_params_of
 from rapid.runtime.coordinator import CoordinatorConfig
 from rapid.runtime.generate import encode_prompt, generate_text, open_edge_model
-from rapid.sampling import SamplingParams
 from rapid.tiny import build_tiny
 
 PROMPTS: list[tuple[str, str, bool]] = [  # (name, text, chat?)

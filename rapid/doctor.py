@@ -7,7 +7,10 @@ import importlib
 import platform
 import shutil
 
-from rapid.precision import BF16_CPU_FLAGS, choose_dtype, cpu_flags
+from rapid import models
+from rapid.core.optional import import_optional
+from rapid.core.precision import BF16_CPU_FLAGS, choose_dtype, cpu_flags
+from rapid.engines import native
 
 
 def _version(mod: str) -> str | None:
@@ -93,15 +96,11 @@ def run_doctor(target: str | None = None) -> int:
     rows.append(("cuda driver", cuda_driver()))
     rows.append(("nvcc", shutil.which("nvcc") or "not found"))
     try:
-        from rapid.engines import native
-
         rows.append(("native kv kernels (cpu)", native.cpu_status()))
         rows.append(("native kv kernels (cuda)", native.cuda_status()))
     except Exception as e:  # noqa: BLE001
         rows.append(("native kv kernels", f"unavailable: {e}"))
     try:
-        from rapid import models
-
         for row in models.describe_default():
             rows.append((row["name"], f"{'present' if row['present'] else 'absent'} at {row['path']}"))
     except Exception as e:  # noqa: BLE001
@@ -116,7 +115,7 @@ def run_doctor(target: str | None = None) -> int:
 
 
 def precision_rows() -> list[tuple[str, str]]:
-    """What ``--dtype auto`` picks here, and why (rapid.precision)."""
+    """What ``--dtype auto`` picks here, and why (rapid.core.precision)."""
     flags = cpu_flags()
     have = sorted(f for f in BF16_CPU_FLAGS + ("amx_tile", "avx512_vnni", "avx_vnni", "avx512f") if f in flags)
     choice = choose_dtype("auto", "cpu", flags)
@@ -132,25 +131,18 @@ def target_rows(spec: str) -> list[tuple[str, str]]:
     """Load the target as ``rapid serve`` would and measure its verify curve and verify mode."""
     import torch
 
-    from rapid.modeling import load_decoder
-    from rapid.server.invariance import check_invariance
-    from rapid.server.verify_curve import (
-        curve_line,
-        flat_nodes,
-        measure_curve,
-        read_bandwidth_gbs,
-        roofline_line,
-    )
-
+    modeling = import_optional("rapid.modeling", "cloud")
+    invariance = import_optional("rapid.server.invariance", "cloud")
+    vc = import_optional("rapid.server.verify_curve", "cloud")
     dtype = choose_dtype("auto", "cpu", cpu_flags()).dtype
     torch.set_num_threads(1)
-    model, _ = load_decoder(spec, getattr(torch, dtype))
-    points = measure_curve(model)
-    rows = [(f"verify curve ({dtype}, 1 thread)", curve_line(points) + " (128-token prefix)"),
-            ("flat up to", f"{flat_nodes(points)} tree nodes (what --budget auto uses)"),
-            ("memory roofline", roofline_line(model, points[0].ms, read_bandwidth_gbs())),
-            ("verify mode", _verify_mode_line(check_invariance(model, 64)))]
+    model, _ = modeling.load_decoder(spec, getattr(torch, dtype))
+    points = vc.measure_curve(model)
+    rows = [(f"verify curve ({dtype}, 1 thread)", vc.curve_line(points) + " (128-token prefix)"),
+            ("flat up to", f"{vc.flat_nodes(points)} tree nodes (what --budget auto uses)"),
+            ("memory roofline", vc.roofline_line(model, points[0].ms, vc.read_bandwidth_gbs())),
+            ("verify mode", _verify_mode_line(invariance.check_invariance(model, 64)))]
     if dtype != "float32":
         model = model.float()
-        rows.insert(1, ("verify curve (float32, 1 thread)", curve_line(measure_curve(model))))
+        rows.insert(1, ("verify curve (float32, 1 thread)", vc.curve_line(vc.measure_curve(model))))
     return rows

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from rapid.errors import ContextFullError
+from rapid.core.errors import ContextFullError
 
 
 class StaticKV:

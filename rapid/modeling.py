@@ -28,7 +28,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from rapid.errors import RapidError
+from rapid.core.errors import RapidError
+from rapid.models import load_hf_model, load_tokenizer
 
 SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
 MASK_MIN = -1e9  # additive "blocked" value; finite so an fp16 export stays NaN-free
@@ -288,8 +289,6 @@ class Decoder(nn.Module):
 
 def load_decoder(spec: str, dtype: torch.dtype = torch.float32) -> tuple[Decoder, Any]:
     """Load (decoder, tokenizer) from an HF id, local folder, GGUF path or default alias."""
-    from rapid.models import load_hf_model, load_tokenizer
-
     hf = load_hf_model(spec, dtype=dtype)
     return Decoder.from_hf(hf, dtype=dtype), load_tokenizer(spec)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rapid.errors import RapidError
+from rapid.core.errors import RapidError
 
 if TYPE_CHECKING:
     import torch

@@ -20,7 +20,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from rapid.auth import client_ssl_context, load_token
+from rapid.core.auth import client_ssl_context, load_token
+from rapid.core.sampling import SamplingParams
 from rapid.runtime.args import default_tree
 from rapid.runtime.coordinator import CoordinatorConfig
 from rapid.runtime.generate import encode_prompt, generate_text, open_edge_model
@@ -28,7 +29,6 @@ from rapid.runtime.link import CloudLink
 from rapid.runtime.telemetry import Summary
 from rapid.runtime.token_scores import TokenScore
 from rapid.runtime.tree import TreeParams
-from rapid.sampling import SamplingParams
 
 
 @dataclass(slots=True)

@@ -34,9 +34,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rapid.acceptance import finish
+from rapid.core.acceptance import finish
+from rapid.core.errors import ContextFullError
+from rapid.core.sampling import SamplingParams
+from rapid.core.wire import Hello, Ready
 from rapid.engines.base import DraftEngine
-from rapid.errors import ContextFullError
 from rapid.runtime.caac import CAAC, CAACConfig, FixedDepth
 from rapid.runtime.cost_caac import CostAwareCAAC
 from rapid.runtime.cost_model import CostConfig
@@ -47,8 +49,6 @@ from rapid.runtime.policies import Policy, get_policy
 from rapid.runtime.telemetry import RoundRecord, Summary, summarize
 from rapid.runtime.token_scores import TokenScore, verdict_scores
 from rapid.runtime.tree import TreeParams
-from rapid.sampling import SamplingParams
-from rapid.wire import Hello, Ready
 
 
 @dataclass(slots=True)
@@ -229,71 +229,104 @@ class Coordinator:
     async def _rounds(self, prompt: Sequence[int], max_new: int, sampling: SamplingParams,
                       on_tokens: Callable[[list[int]], None] | None,
                       on_scores: Callable[[list[TokenScore]], None] | None = None):
-        """The rounds; returns (tokens, records, stopped, scores)."""
-        d, p = self.drafter, self.policy
-        stop_ids = d.stop_ids
+        """The rounds, each draft → send (+ branch) → await → apply; returns (tokens, records,
+        stopped, scores)."""
         self.controller.new_request()
-        out: list[int] = []
-        scores: list[TokenScore] = []
-        records: list[RoundRecord] = []
-        decision = self.controller.next_depth(p.proactive)
-        round_id, stopped = 0, False
+        out = _Output(max_new, self.drafter.stop_ids, on_tokens, on_scores)
+        decision = self.controller.next_depth(self.policy.proactive)
+        round_id = 0
         while True:
-            depth = max(1, min(decision.depth, max_new - len(out)), d.levels)  # kept levels are drafted
-            rec = RoundRecord(round_id, p.name, depth if p.drafting else 0, 0, t_start=self.clock())
+            depth = max(1, min(decision.depth, max_new - len(out.tokens)), self.drafter.levels)
+            rec = RoundRecord(round_id, self.policy.name, depth if self.policy.drafting else 0, 0,
+                              t_start=self.clock())
             _fill_decision(rec, decision)
-            if p.drafting:
-                t0 = self.clock()
-                rec.draft_steps = await asyncio.shield(self._spawn(self._draft, depth))
-                rec.draft_s = self.clock() - t0
-                tokens, parents = d.wire_tree()
-            else:
-                tokens, parents = [], []
-            rec.tree_nodes, rec.tree_depth = len(tokens), (d.tree.max_depth if p.drafting else 0)
-            t_sent = self.clock()
-            await self.link.send_tree(round_id, tokens, parents)
-            branch_task = None
-            if p.proactive and p.drafting:
-                boundary = d.save_boundary()
-                branch_task = self._spawn(self._branch, self.controller.next_depth(True).depth,
-                                          self._if_hit(depth, decision.b_hat))
-            verdict = await self.link.verdict(round_id)  # raises: _drain stops the branch first
-            rec.cloud_s = self.link.arrival(round_id) - t_sent
-            if branch_task is not None:
-                rec.proactive_steps, rec.interrupted_at = await asyncio.shield(branch_task)
-                br = d.branch
-                end = verdict.path[-1] if verdict.path else -1
-                hit = br is not None and br.node == end and br.token == verdict.bonus
-                rec.proactive_hit = hit if br is not None else None
-                if not hit:
-                    rec.discarded_steps = rec.proactive_steps
-                    d.restore_boundary(boundary)
-            rec.wait_s = self.clock() - t_sent
-            rec.verify_s = verdict.verify_s
-            plan = d.apply_verdict(list(verdict.path), verdict.bonus)
-            if plan.hit:
-                rec.reused_depth = d.levels
-            rec.accepted = len(verdict.path)
-            if p.drafting:  # the link's share of the wait: arrival - send - verify
-                self.controller.observe_verdict(depth, rec.tree_nodes, verdict.verify_s,
-                                                rec.cloud_s - verdict.verify_s, rec.accepted, rec.proactive_hit)
-            self.controller.observe_round(len(verdict.path), max(depth, 1), rec.cloud_s, decision.b_hat)
-            # settled on the freshest acceptance, knowing the levels the kept branch supplies
-            decision = self.controller.next_depth(p.proactive, d.levels)
-            before = len(out)
-            out, done = finish(out + plan.emitted, max_new, stop_ids)
-            scores = (scores + verdict_scores(verdict, plan.emitted))[:len(out)]
-            stopped = done and bool(out) and out[-1] in stop_ids
-            rec.emitted = len(out) - before
+            tokens, parents = await self._draft_round(depth, rec)
+            verdict = await self._send_and_await(round_id, tokens, parents, depth, decision, rec)
+            emitted, decision = self._apply(verdict, depth, decision, rec)
+            done = out.take(verdict, emitted, rec)
             rec.t_end = self.clock()
-            records.append(rec)
-            if on_scores and rec.emitted and scores:
-                on_scores(scores[before:])
-            if on_tokens and rec.emitted:
-                on_tokens(out[before:])
+            out.records.append(rec)
             if done:
-                return out, records, stopped, scores
+                return out.tokens, out.records, out.stopped, out.scores
             round_id += 1
+
+    async def _draft_round(self, depth: int, rec: RoundRecord) -> tuple[list[int], list[int]]:
+        """Expand D_i to ``depth`` levels on a worker; the wire tree (empty for ``ar``)."""
+        if not self.policy.drafting:
+            return [], []
+        t0 = self.clock()
+        rec.draft_steps = await asyncio.shield(self._spawn(self._draft, depth))
+        rec.draft_s = self.clock() - t0
+        tokens, parents = self.drafter.wire_tree()
+        rec.tree_nodes, rec.tree_depth = len(tokens), self.drafter.tree.max_depth
+        return tokens, parents
+
+    async def _send_and_await(self, round_id: int, tokens: list[int], parents: list[int], depth: int,
+                              decision: CAACDecision, rec: RoundRecord):
+        """Send D_i, expand the proactive branch while the cloud verifies, await the verdict, and
+        keep the branch only where it guessed the outcome (else restore the saved boundary)."""
+        d, p = self.drafter, self.policy
+        t_sent = self.clock()
+        await self.link.send_tree(round_id, tokens, parents)
+        branch_task = None
+        if p.proactive and p.drafting:
+            boundary = d.save_boundary()
+            branch_task = self._spawn(self._branch, self.controller.next_depth(True).depth,
+                                      self._if_hit(depth, decision.b_hat))
+        verdict = await self.link.verdict(round_id)  # raises: _drain stops the branch first
+        rec.cloud_s = self.link.arrival(round_id) - t_sent
+        if branch_task is not None:
+            rec.proactive_steps, rec.interrupted_at = await asyncio.shield(branch_task)
+            rec.proactive_hit = d.branch_hit(list(verdict.path), verdict.bonus)
+            if not rec.proactive_hit:
+                rec.discarded_steps = rec.proactive_steps
+                d.restore_boundary(boundary)
+        rec.wait_s = self.clock() - t_sent
+        rec.verify_s = verdict.verify_s
+        return verdict
+
+    def _apply(self, verdict, depth: int, decision: CAACDecision,
+               rec: RoundRecord) -> tuple[list[int], CAACDecision]:
+        """Commit path + bonus in the drafter, let the controller observe round i; (the emitted
+        tokens, the decision for L_{i+1})."""
+        d = self.drafter
+        plan = d.apply_verdict(list(verdict.path), verdict.bonus)
+        if plan.hit:
+            rec.reused_depth = d.levels
+        rec.accepted = len(verdict.path)
+        if self.policy.drafting:  # the link's share of the wait: arrival - send - verify
+            self.controller.observe_verdict(depth, rec.tree_nodes, verdict.verify_s,
+                                            rec.cloud_s - verdict.verify_s, rec.accepted, rec.proactive_hit)
+        self.controller.observe_round(len(verdict.path), max(depth, 1), rec.cloud_s, decision.b_hat)
+        # settled on the freshest acceptance, knowing the levels the kept branch supplies
+        return plan.emitted, self.controller.next_depth(self.policy.proactive, d.levels)
+
+
+@dataclass(slots=True)
+class _Output:
+    """What one generation emitted so far, and the callers' callbacks for each round's share."""
+
+    max_new: int
+    stop_ids: Sequence[int]
+    on_tokens: Callable[[list[int]], None] | None
+    on_scores: Callable[[list[TokenScore]], None] | None
+    tokens: list[int] = field(default_factory=list)
+    scores: list[TokenScore] = field(default_factory=list)
+    records: list[RoundRecord] = field(default_factory=list)
+    stopped: bool = False
+
+    def take(self, verdict, emitted: list[int], rec: RoundRecord) -> bool:
+        """Append a round's emitted tokens (cut at max_new / a stop token); True when done."""
+        before = len(self.tokens)
+        self.tokens, done = finish(self.tokens + emitted, self.max_new, self.stop_ids)
+        self.scores = (self.scores + verdict_scores(verdict, emitted))[:len(self.tokens)]
+        self.stopped = done and bool(self.tokens) and self.tokens[-1] in self.stop_ids
+        rec.emitted = len(self.tokens) - before
+        if self.on_scores and rec.emitted and self.scores:
+            self.on_scores(self.scores[before:])
+        if self.on_tokens and rec.emitted:
+            self.on_tokens(self.tokens[before:])
+        return done
 
 
 def assemble(engine: DraftEngine, tree: TreeParams, stop_ids: Sequence[int], link: CloudLink | str,

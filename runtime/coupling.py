@@ -1,7 +1,7 @@
 """Coupled drafting: under seeded sampling, propose the tokens the target will draw.
 
 The target's token at absolute position p is ``argmax_v z_v`` with ``z = noisy_scores(logits, p)``
-= filtered logits / T + g(seed, p) (``rapid.sampling``). The edge knows the seed and p, so it
+= filtered logits / T + g(seed, p) (``rapid.core.sampling``). The edge knows the seed and p, so it
 ranks its own candidates with the same functions on the draft's logits ``ℓ``:
 
     z_v = noisy_scores(ℓ, p)_v        = ℓ_v / T + g_v  inside the draft's top-k / top-p set K, else -inf
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rapid.sampling import SamplingParams, gumbel_noise, noisy_scores, tempered, top_k_ids
+from rapid.core.sampling import SamplingParams, gumbel_noise, noisy_scores, tempered, top_k_ids
 
 COUPLED_TAU = 1.0  # the best calibrated scale (module docstring)
 

@@ -34,8 +34,8 @@ import logging
 import os
 import signal
 
-from rapid.auth import client_ssl_context, load_token
-from rapid.errors import RapidError
+from rapid.core.auth import client_ssl_context, load_token
+from rapid.core.errors import RapidError
 from rapid.export.fast_draft import FAST_DRAFT
 from rapid.runtime.args import (
     BACKENDS,

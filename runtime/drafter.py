@@ -31,14 +31,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from rapid.core.errors import RapidError
+from rapid.core.geometry import ROOT, ancestor_mask, causal_allowed, node_positions
+from rapid.core.sampling import SamplingParams, log_softmax
 from rapid.engines.base import DraftEngine, StepHandle
-from rapid.errors import RapidError
-from rapid.geometry import ROOT, ancestor_mask, causal_allowed, node_positions
 from rapid.runtime.coupling import coupled_top
 from rapid.runtime.ipdg import ProactiveRoot, VerdictPlan, choose_proactive_root, plan_verdict
 from rapid.runtime.lookup import LookupStats, lookup_continuations
 from rapid.runtime.tree import TokenTree, TreeParams, best_tokens
-from rapid.sampling import SamplingParams, log_softmax
 
 
 class StepTimeoutError(RapidError):
@@ -244,6 +244,14 @@ class Drafter:
     # ---- proactive branch (IPDG / NPDG) ------------------------------------------------------
     def save_boundary(self) -> Boundary:
         return Boundary(self.tree.copy(), self.engine.kv_len)
+
+    def branch_hit(self, path: list[int], bonus: int) -> bool | None:
+        """Did the proactive branch guess the verdict (its root ends the accepted path and carries
+        the bonus)? None when no branch was chosen this round."""
+        if self.branch is None:
+            return None
+        end = path[-1] if path else ROOT
+        return self.branch.node == end and self.branch.token == bonus
 
     def restore_boundary(self, b: Boundary) -> None:
         """Drop everything expanded after ``b``: the tree as saved, the KV extent as saved."""

@@ -19,16 +19,16 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 
-from rapid.errors import ContextFullError, RapidError
+from rapid.core.errors import ContextFullError, RapidError
+from rapid.core.sampling import SamplingParams
 from rapid.runtime.args import default_tree
 from rapid.runtime.coordinator import CoordinatorConfig, assemble, controller_for
-from rapid.runtime.detok import Detokenizer
 from rapid.runtime.edge_metrics import EdgeMetrics
 from rapid.runtime.link import CloudError, CloudLink
 from rapid.runtime.openai_logprobs import TokenLogprob
 from rapid.runtime.policies import get_policy
+from rapid.runtime.text_stream import TextStream
 from rapid.runtime.tree import TreeParams
-from rapid.sampling import SamplingParams
 
 log = logging.getLogger("rapid.edge.daemon")
 
@@ -47,14 +47,6 @@ class Request:
     stop: list[str]
     top_k: int = 0
     logprobs: int = -1  # -1: none; k >= 0: every token's log-probability and its top k
-
-
-@dataclass(slots=True, frozen=True)
-class Piece:
-    """A streamed piece of text and the scored tokens whose text starts in it."""
-
-    text: str
-    logprobs: list[TokenLogprob]
 
 
 def default_max_tokens(capacity: int, prompt_len: int, tree: TreeParams) -> int:
@@ -175,44 +167,12 @@ class EdgeService:
             self.metrics.waiting.dec()
         self.metrics.active.inc()
         link = CloudLink(self.cloud, token=self.token, ssl=self.ssl, tokenizer=edge.fingerprint, **self.link_options)
-        detok = Detokenizer(self.tokenizer)
-        full, sent = "", 0
-        hold = max((len(s) for s in req.stop), default=1) - 1
-        scored: list = []  # TokenScores of the tokens on_tokens gets next (on_scores comes first)
-        unsent: list[TokenLogprob] = []  # scored tokens not streamed yet, by offset
-
-        def emit(upto: int, final: bool = False) -> None:
-            nonlocal sent, unsent
-            n = len(unsent) if final else next((i for i, r in enumerate(unsent) if r.offset >= upto), len(unsent))
-            if upto > sent or n:
-                if sent == 0 and upto > sent:
-                    self.metrics.ttft.observe(time.perf_counter() - t_start)
-                res.pieces.put_nowait(Piece(full[sent:upto], unsent[:n]))
-                res.logprobs += unsent[:n]
-                sent, unsent = max(sent, upto), unsent[n:]
-
-        def check(final: bool) -> bool:
-            """Emit what is safe; True when a stop string was found (its tokens lose their scores)."""
-            nonlocal full
-            hits = [i for i in (full.find(s, max(0, sent - len(s))) for s in req.stop if s) if i >= 0]
-            if hits:
-                full = full[:min(hits)]
-                emit(len(full))
-                return True
-            emit(len(full) if final else max(sent, len(full) - hold), final)
-            return False
+        stream = TextStream(self.tokenizer, req.stop, res.pieces,
+                            lambda: self.metrics.ttft.observe(time.perf_counter() - t_start))
 
         def on_tokens(ids: list[int]) -> None:
-            nonlocal full
             res.completion_tokens += len(ids)
-            if scored:  # one token at a time: each token's text offset
-                for t, sc in zip(ids, scored, strict=True):
-                    unsent.append(TokenLogprob(sc, len(full)))
-                    full += detok.push([t])
-                scored.clear()
-            else:
-                full += detok.push(ids)
-            if check(False):
+            if stream.push(ids):
                 res.finish_reason = "stop"
                 raise _Abort
             if abort.is_set():
@@ -227,13 +187,12 @@ class EdgeService:
             max_new = req.max_tokens or default_max_tokens(edge.engine.info.capacity, len(req.prompt_ids), self.tree)
             try:  # no max_tokens: until EOS or min(edge, cloud) context (the cloud's from its Ready)
                 gen = await coord.generate(req.prompt_ids, max_new, sampling, on_tokens, logprobs=req.logprobs,
-                                           fit_cloud=req.max_tokens is None, on_scores=scored.extend)
+                                           fit_cloud=req.max_tokens is None, on_scores=stream.scored.extend)
             except _Abort:
                 pass
             else:
-                full += detok.flush()
                 res.finish_reason = "stop" if gen.stopped else "length"
-                if check(True):
+                if stream.finish():
                     res.finish_reason = "stop"
                 self.metrics.observe(gen.records, link.stats, str(self.edges.index(edge)))
         except RapidError as e:
@@ -249,7 +208,8 @@ class EdgeService:
             finally:
                 pool.put_nowait(edge)
                 self.metrics.active.dec()
-                res.text = full[:sent] if res.finish_reason in ("stop", "abandoned") else full
+                res.text = stream.text_sent if res.finish_reason in ("stop", "abandoned") else stream.full
+                res.logprobs = stream.logprobs
                 self.metrics.tokens.inc(res.completion_tokens)
                 self.metrics.e2e.observe(time.perf_counter() - t_start)
                 res.pieces.put_nowait(None)

@@ -9,10 +9,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rapid.auth import client_ssl_context, load_token
+from rapid.core.auth import client_ssl_context, load_token
+from rapid.core.manifest import is_export_dir
+from rapid.core.sampling import SamplingParams
+from rapid.core.vocab import fingerprint
 from rapid.engines.select import open_engine, share_engine
 from rapid.export.fast_draft import FAST_DRAFT, resolve_draft
-from rapid.manifest import is_export_dir
 from rapid.models import load_tokenizer
 from rapid.runtime.args import tree_params_of
 from rapid.runtime.coordinator import CoordinatorConfig, Generation, assemble
@@ -20,8 +22,6 @@ from rapid.runtime.detok import Detokenizer
 from rapid.runtime.link import CloudLink
 from rapid.runtime.telemetry import write_jsonl
 from rapid.runtime.tree import TreeParams
-from rapid.sampling import SamplingParams
-from rapid.vocab import fingerprint
 
 log = logging.getLogger("rapid.edge")
 
@@ -31,7 +31,7 @@ class EdgeModel:
     engine: Any
     tokenizer: Any
     stop_ids: tuple[int, ...]
-    fingerprint: str = ""  # rapid.vocab.fingerprint(tokenizer): checked against the cloud's at Hello
+    fingerprint: str = ""  # rapid.core.vocab.fingerprint(tokenizer): checked against the cloud's at Hello
 
 
 def open_edge_model(draft: str, engine: str = "auto", capacity: int = 2048, threads: int = 1) -> EdgeModel:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from rapid.geometry import ROOT
+from rapid.core.geometry import ROOT
 from rapid.runtime.tree import TokenTree
 
 
@@ -78,7 +78,7 @@ def plan_verdict(tree: TokenTree, path: list[int], bonus: int, prefix_len: int) 
     for a, b in zip([ROOT, *path][: len(path)], path, strict=True):
         if tree.parents[b] != a:
             raise ValueError(f"accepted path {path} is not a chain in the tree")
-    bonus_node = next((j for j, p in enumerate(tree.parents) if p == end and tree.tokens[j] == bonus), None)
+    bonus_node = tree.child_with(end, bonus)
     chain = path + ([bonus_node] if bonus_node is not None else [])
     fed = [j for j in chain if tree.slot[j] >= 0]
     if fed != chain[: len(fed)]:

@@ -44,9 +44,9 @@ import time
 import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
-from rapid.auth import bearer
-from rapid.errors import RapidError
-from rapid.wire import (
+from rapid.core.auth import bearer
+from rapid.core.errors import RapidError
+from rapid.core.wire import (
     PROTOCOL_VERSION,
     TRANSPORT_MAX_BYTES,
     Bye,
@@ -109,7 +109,7 @@ class CloudLink:
         self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
         self.reconnect = reconnect
         self.verdict_timeout_s = verdict_timeout_s  # hard cap on one round's wait (module docstring)
-        self.tokenizer = tokenizer  # rapid.vocab.fingerprint of the edge's tokenizer ("" = unchecked)
+        self.tokenizer = tokenizer  # rapid.core.vocab.fingerprint of the edge's tokenizer ("" = unchecked)
         self._slowest = 0.0  # slowest verdict of this session (seconds from send_tree)
         self._sent_at = 0.0
         self._rng = rng or random.Random()

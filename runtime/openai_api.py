@@ -13,7 +13,7 @@ no traceback in the body. A stream that fails before its first token gets that s
 ``rapid_edge_requests_total`` counts the status that was sent.
 
 With an API key (``rapid edge --api-key`` / ``$RAPID_API_KEY``) every ``/v1/*`` route needs
-``Authorization: Bearer <key>`` (compared in constant time, ``rapid.auth``), else 401
+``Authorization: Bearer <key>`` (compared in constant time, ``rapid.core.auth``), else 401
 ``invalid_api_key``; ``/health``, ``/livez`` and ``/metrics`` stay open, as in vLLM.
 Log-probabilities are laid out by :mod:`.openai_logprobs`.
 """
@@ -27,8 +27,8 @@ import time
 import uuid
 from typing import Any
 
-from rapid.auth import check_authorization_headers
-from rapid.runtime.engine_pool import EdgeService, Piece, Request, Result
+from rapid.core.auth import check_authorization_headers
+from rapid.runtime.engine_pool import EdgeService, Request, Result
 from rapid.runtime.openai_logprobs import (
     TokenLogprob,
     TokenNames,
@@ -45,6 +45,7 @@ from rapid.runtime.openai_schema import (
     sampling_of,
     stop_strings,
 )
+from rapid.runtime.text_stream import Piece
 
 log = logging.getLogger("rapid.edge.api")
 
@@ -83,40 +84,65 @@ def build_request(service: EdgeService, body, defaults: RequestDefaults) -> Requ
 
 
 def create_app(service: EdgeService, defaults: RequestDefaults | None = None, api_key: str | None = None):
+    """The FastAPI app: /v1/completions, /v1/chat/completions, /v1/models, probes and /metrics;
+    every error has the OpenAI error body."""
     from fastapi import FastAPI
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, PlainTextResponse
-    from prometheus_client import generate_latest
-    from starlette.exceptions import HTTPException
 
-    defaults = defaults or RequestDefaults()
     app = FastAPI(title="RAPID edge", version="1")
+    _add_error_handling(app, service, api_key)
+    _add_probes(app, service)
+    run = _completion_endpoint(service, defaults or RequestDefaults())
 
-    def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-              code: str | None = None):
-        return JSONResponse(error_body(message, kind, param, code), status)
+    @app.post("/v1/completions")
+    async def completions(http: HTTPRequest):
+        return await run(http, False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(http: HTTPRequest):
+        return await run(http, True)
+
+    return app
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+           code: str | None = None):
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(error_body(message, kind, param, code), status)
+
+
+def _add_error_handling(app, service: EdgeService, api_key: str | None) -> None:
+    """The API key check, and OpenAI error bodies for HTTP, validation and unexpected errors."""
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException
 
     @app.middleware("http")
     async def require_api_key(http: HTTPRequest, call_next):
         if api_key is not None and http.url.path.startswith("/v1/") and \
                 not check_authorization_headers(http.headers.getlist("authorization"), api_key):
             service.metrics.requests.labels("auth", "401").inc()
-            return error(401, "Incorrect or missing API key: send Authorization: Bearer <key>", code="invalid_api_key")
+            return _error(401, "Incorrect or missing API key: send Authorization: Bearer <key>", code="invalid_api_key")
         return await call_next(http)
 
     @app.exception_handler(HTTPException)
     async def http_error(_, exc: HTTPException):
         kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
-        return error(exc.status_code, str(exc.detail), kind)
+        return _error(exc.status_code, str(exc.detail), kind)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_, exc: RequestValidationError):
-        return error(400, str(exc.errors()[0].get("msg", "invalid request")) if exc.errors() else "invalid request")
+        return _error(400, str(exc.errors()[0].get("msg", "invalid request")) if exc.errors() else "invalid request")
 
     @app.exception_handler(Exception)
     async def internal_error(_, exc: Exception):
         log.exception("unexpected error in the API")
-        return error(500, f"internal error ({type(exc).__name__}); see the daemon's log", "internal_error")
+        return _error(500, f"internal error ({type(exc).__name__}); see the daemon's log", "internal_error")
+
+
+def _add_probes(app, service: EdgeService) -> None:
+    """/livez, /health (is the cloud reachable), /metrics (Prometheus) and /v1/models."""
+    from fastapi.responses import JSONResponse, PlainTextResponse
+    from prometheus_client import generate_latest
 
     @app.get("/livez")
     async def livez():
@@ -140,6 +166,11 @@ def create_app(service: EdgeService, defaults: RequestDefaults | None = None, ap
         return {"object": "list", "data": [{"id": service.model_name, "object": "model", "created": 0,
                                             "owned_by": "rapid"}]}
 
+
+def _completion_endpoint(service: EdgeService, defaults: RequestDefaults):
+    """``run(http, chat)``: parse, start the generation, then stream or answer whole; a client that
+    hangs up mid-generation abandons it at the next round."""
+
     async def run(http: HTTPRequest, chat: bool):
         endpoint = "chat" if chat else "completions"
         try:
@@ -151,7 +182,7 @@ def create_app(service: EdgeService, defaults: RequestDefaults | None = None, ap
             req = build_request(service, body, defaults)
         except ApiError as e:
             service.metrics.requests.labels(endpoint, str(e.status)).inc()
-            return error(e.status, e.message, e.kind, e.param, e.code)
+            return _error(e.status, e.message, e.kind, e.param, e.code)
         res, abort, task = service.start(req)
         reply = Reply(service, req, res, chat, body.stream_options is not None and body.stream_options.include_usage)
         if body.stream:
@@ -169,15 +200,7 @@ def create_app(service: EdgeService, defaults: RequestDefaults | None = None, ap
         service.metrics.requests.labels(endpoint, "200").inc()
         return reply.whole()
 
-    @app.post("/v1/completions")
-    async def completions(http: HTTPRequest):
-        return await run(http, False)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(http: HTTPRequest):
-        return await run(http, True)
-
-    return app
+    return run
 
 
 class Reply:
@@ -213,11 +236,9 @@ class Reply:
         return {"index": 0, "text": text or "", "logprobs": self.logprobs(records), "finish_reason": finish}
 
     def failed(self, endpoint: str):
-        from fastapi.responses import JSONResponse
-
         r = self.res
         self.service.metrics.requests.labels(endpoint, str(r.status)).inc()
-        return JSONResponse(error_body(r.error or "generation failed", r.error_type, None, r.error_code), r.status)
+        return _error(r.status, r.error or "generation failed", r.error_type, None, r.error_code)
 
     def whole(self) -> dict:
         r = self.res

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rapid.errors import RapidError
+from rapid.core.errors import RapidError
 
 
 class ApiError(RapidError):
@@ -104,7 +104,7 @@ class ChatBody(_Body):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)  # OpenAI's limit (= rapid.wire.MAX_TOP_LOGPROBS)
+    top_logprobs: int | None = Field(None, ge=0, le=20)  # OpenAI's limit (= rapid.core.wire.MAX_TOP_LOGPROBS)
     response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None

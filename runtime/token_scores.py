@@ -1,7 +1,7 @@
 """The target's log-probabilities of emitted tokens, as the edge receives them in verdicts.
 
 ``VerdictFrame.logprobs`` holds one float32 per emitted token (path tokens, then the bonus);
-``top_ids`` / ``top_logprobs`` hold k alternatives per token, row-major (``rapid.wire``). The
+``top_ids`` / ``top_logprobs`` hold k alternatives per token, row-major (``rapid.core.wire``). The
 cloud computes them from the raw logits row that picked each token (``rapid.server.scores``).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rapid.wire import VerdictFrame
+from rapid.core.wire import VerdictFrame
 
 
 @dataclass(slots=True, frozen=True)

@@ -25,7 +25,7 @@ token that already is a child of that parent is merged into it (the higher score
 node never has two children with one token.
 
 Pure data: nothing here touches a model, a clock or a socket. The attention mask and the
-positions of fed nodes come from ``rapid.geometry`` (the same builder the target uses).
+positions of fed nodes come from ``rapid.core.geometry`` (the same builder the target uses).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from rapid.geometry import ROOT
-from rapid.sampling import top_k_ids
+from rapid.core.geometry import ROOT, child_with
+from rapid.core.sampling import top_k_ids
 
 AUTO_BUDGET_CAP = 64  # ``--budget auto``: never more nodes than this,
 AUTO_BUDGET_MIN = 11  # never fewer: 12 rows are one tile of the row kernels (T=12 ~1.3x T=1 on Zen 5),
@@ -143,7 +143,7 @@ class TokenTree:
 
     def child_with(self, parent: int, token: int) -> int | None:
         """The child of ``parent`` carrying ``token``, if any."""
-        return next((j for j, p in enumerate(self.parents) if p == parent and self.tokens[j] == token), None)
+        return child_with(self.tokens, self.parents, parent, token)
 
     def merge_child(self, token: int, parent: int, depth: int, score: float) -> int:
         """``add_node``, unless ``parent`` already has a ``token`` child: then that child keeps the

@@ -55,7 +55,7 @@ def _fill_kv(engine, p: int, rng: np.random.Generator) -> None:
 
 
 def _step_args(p: int, t: int, vocab: int, rng: np.random.Generator):
-    from rapid.geometry import causal_allowed
+    from rapid.core.geometry import causal_allowed
 
     return rng.integers(0, vocab, t), np.arange(p, p + t), causal_allowed(p, t)
 
@@ -141,8 +141,8 @@ def open_engines(model: str, export_dir: Path, threads: int) -> dict[str, object
 
 def ensure_export(model: str, export_dir: Path, force: bool) -> dict:
     """Export ``model`` into ``export_dir`` unless an export of the same weights is there."""
+    from rapid.core.manifest import is_export_dir, load_manifest
     from rapid.export.onnx_export import export_onnx
-    from rapid.manifest import is_export_dir, load_manifest
     from rapid.models import resolve_model
 
     resolved = resolve_model(model)
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
-    from rapid.errors import RapidError
+    from rapid.core.errors import RapidError
     from rapid.export.onnx_export import export_onnx
     from rapid.tiny import build_tiny
 

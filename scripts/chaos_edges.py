@@ -103,8 +103,8 @@ def add_references(jobs: list[Job], target_dir: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rapid.core.sampling import SamplingParams
     from rapid.modeling import Decoder
-    from rapid.sampling import SamplingParams
     from rapid.server.target import reference_decode
 
     tok = AutoTokenizer.from_pretrained(target_dir)

@@ -29,8 +29,8 @@ from fuzz_wire import rand_frame
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import serve
 
-from rapid.procs import start_server, stop_server
-from rapid.wire import (
+from rapid.core.procs import start_server, stop_server
+from rapid.core.wire import (
     MAX_FRAME_BYTES,
     TRANSPORT_MAX_BYTES,
     Bye,

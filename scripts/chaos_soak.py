@@ -46,7 +46,7 @@ from chaos_net import Cloud, FaultProxy, metric, rogue, rogue_cases, rss_kb
 import rapid
 import rapid.runtime
 import rapid.server
-from rapid.procs import free_port
+from rapid.core.procs import free_port
 
 WINDOWS = {"cloud_kill": (0.15, 0.7), "cloud_freeze": (0.05, 0.9), "edge_kill": (0.05, 0.95), "proxy_cut_all": (0.05, 0.95),
            "blackhole": (0.05, 0.9), "rogue": (0.02, 0.98)}

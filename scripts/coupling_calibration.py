@@ -24,10 +24,8 @@ import math
 import numpy as np
 
 from rapid.bench.prompts import load_sets, pick, truncate_ids
-from rapid.geometry import causal_allowed
-from rapid.runtime.coupling import coupled_top
-from rapid.runtime.generate import open_edge_model
-from rapid.sampling import (
+from rapid.core.geometry import causal_allowed
+from rapid.core.sampling import (
     SamplingParams,
     gumbel_noise,
     log_softmax,
@@ -35,6 +33,8 @@ from rapid.sampling import (
     tempered,
     top_k_ids,
 )
+from rapid.runtime.coupling import coupled_top
+from rapid.runtime.generate import open_edge_model
 from rapid.server.main import load_target
 from rapid.server.target import reference_decode
 

@@ -92,9 +92,9 @@ def main() -> int:
         print(f"- GPU contention load: could not measure ({type(e).__name__}: {e})")
 
     # 4. exactness with the target on the GPU
+    from rapid.core.sampling import SamplingParams
     from rapid.runtime.coordinator import CoordinatorConfig, assemble
     from rapid.runtime.policies import POLICIES
-    from rapid.sampling import SamplingParams
     from rapid.server.app import VerifierServer
     from rapid.server.background import BackgroundServer
     from rapid.server.target import reference_decode
@@ -126,11 +126,11 @@ def batched_on_gpu(tgt_gpu, tgt_cpu, drf_dir: str) -> bool:
     each identical to the target alone, trees really batched, no batched forward split."""
     from transformers import AutoModelForCausalLM
 
+    from rapid.core.sampling import SamplingParams
     from rapid.engines.torch_engine import TorchEngine
     from rapid.modeling import Decoder
     from rapid.runtime.coordinator import CoordinatorConfig, assemble
     from rapid.runtime.tree import TreeParams
-    from rapid.sampling import SamplingParams
     from rapid.server.app import VerifierServer
     from rapid.server.background import BackgroundServer
     from rapid.server.target import reference_decode

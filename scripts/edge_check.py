@@ -23,9 +23,9 @@ def prepare(out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rapid.core.sampling import SamplingParams
     from rapid.export.onnx_export import export_onnx
     from rapid.modeling import Decoder
-    from rapid.sampling import SamplingParams
     from rapid.server.target import reference_decode
     from rapid.tiny import EOS_ID, build_tiny
 

@@ -35,7 +35,7 @@ fi
 echo "[edge-check] building the tiny cloud, draft and ONNX export with .venv"
 .venv/bin/python scripts/edge_check.py prepare "$WORK" >"$WORK/prepare.log" 2>&1 \
   || { tail -20 "$WORK/prepare.log" >&2; fail "preparing the tiny models/export failed"; }
-port=$(.venv/bin/python -c "from rapid.procs import free_port; print(free_port())")
+port=$(.venv/bin/python -c "from rapid.core.procs import free_port; print(free_port())")
 .venv/bin/python -m rapid.cli serve --target "$WORK/target" --port "$port" --dtype float64 >"$WORK/serve.log" 2>&1 &
 CLOUD_PID=$!
 
@@ -54,7 +54,7 @@ got=$(timeout 120 "$EV/bin/rapid" generate "def add(a, b):" --draft "$WORK/expor
   || { cat "$WORK/generate.err" >&2; fail "rapid generate --engine onnx"; }
 [ "$got" = "$expected" ] || fail "rapid generate --engine onnx: got $(printf %q "$got"), the target alone: $(printf %q "$expected")"
 
-edge_port=$(.venv/bin/python -c "from rapid.procs import free_port; print(free_port())")
+edge_port=$(.venv/bin/python -c "from rapid.core.procs import free_port; print(free_port())")
 "$EV/bin/rapid" edge --draft "$WORK/export" --cloud "ws://127.0.0.1:$port" --listen "127.0.0.1:$edge_port" \
   --parallel 1 --capacity 256 >"$WORK/edge.log" 2>&1 &
 EDGE_PID=$!

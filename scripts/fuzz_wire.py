@@ -4,7 +4,7 @@
 
 Two loops, run alternately until the time is up:
 
-1. ``rapid.wire.decode`` on mutated valid frames, random msgpack structures and random bytes:
+1. ``rapid.core.wire.decode`` on mutated valid frames, random msgpack structures and random bytes:
    it must return a frame or raise ``WireError`` — nothing else, within a time bound.
 2. A real ``VerifierServer`` (tiny float64 target, loopback) fed the same garbage on a few
    connections interleaved with a well-behaved session: every bad frame must get an
@@ -28,7 +28,7 @@ import time
 
 import msgpack
 
-from rapid.wire import (
+from rapid.core.wire import (
     FRAMES,
     Bye,
     ErrorFrame,
@@ -137,7 +137,7 @@ async def fuzz_server(url: str, rng: random.Random, n: int, counts: dict, target
     """n garbage frames on a garbage connection while a good session keeps decoding exactly."""
     from websockets.asyncio.client import connect
 
-    from rapid.sampling import SamplingParams
+    from rapid.core.sampling import SamplingParams
     from rapid.server.target import reference_decode
 
     prompt = [rng.randrange(256) for _ in range(rng.randint(1, 8))]
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         from rapid.modeling import Decoder
         from rapid.server.app import VerifierServer
         from rapid.server.background import BackgroundServer
-        from rapid.server.sessions import Limits
+        from rapid.server.serve_config import Limits
         from rapid.tiny import build_tiny
 
         folder = build_tiny(tempfile.mkdtemp() + "/t", seed=0, dtype="float64")

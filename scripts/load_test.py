@@ -32,7 +32,7 @@ def _serve(folder: str, max_batch: int, window_ms: float, port_q, stop_ev) -> No
 
     from rapid.modeling import Decoder
     from rapid.server.app import VerifierServer, serve_forever
-    from rapid.server.sessions import Limits
+    from rapid.server.serve_config import Limits
 
     logging.disable(logging.WARNING)
     torch.set_num_threads(1)
@@ -66,7 +66,7 @@ def _rss_peak_mb(pid: int) -> float:
 async def _edge(url: str, seed: int, nodes: int, deadline: float, max_rounds: int, lat: list, tokens: list) -> None:
     from websockets.asyncio.client import connect
 
-    from rapid.wire import Hello, Ready, Tree, VerdictFrame, decode, encode
+    from rapid.core.wire import Hello, Ready, Tree, VerdictFrame, decode, encode
 
     rng = random.Random(seed)
     async with connect(url, compression=None) as ws:

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from rapid import models
-from rapid.procs import free_port, start_server, stop_server
+from rapid.core.procs import free_port, start_server, stop_server
 from rapid.runtime.coordinator import CoordinatorConfig
 from rapid.runtime.generate import encode_prompt, generate_text, open_edge_model
 from rapid.runtime.policies import POLICIES

@@ -5,7 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-4}; TOK=${2:-16}; MB=${3:-4}
-PORT=$(.venv/bin/python -c "from rapid.procs import free_port; print(free_port())")
+PORT=$(.venv/bin/python -c "from rapid.core.procs import free_port; print(free_port())")
 OUT=$(mktemp -d)
 .venv/bin/rapid serve --port "$PORT" --max-batch "$MB" --batch-window-ms 20 > "$OUT/serve.log" 2>&1 &
 SP=$!

@@ -15,7 +15,7 @@ after ``limits.idle_timeout_s`` without a frame (``timeout``) or resumed on anot
 (``no_session``). Every open connection thus holds a live session or has a deadline.
 
 Security: with a token configured, the HTTP upgrade must carry ``Authorization: Bearer <token>``
-or it is answered 401 before any frame is read (``rapid.auth``). ``GET /health`` is open,
+or it is answered 401 before any frame is read (``rapid.core.auth``). ``GET /health`` is open,
 ``GET /metrics`` (Prometheus text) needs the token too. TLS is the ``ssl`` context given to
 ``serve_forever``.
 
@@ -39,16 +39,10 @@ import websockets
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.protocol import State
 
-from rapid.auth import check_authorization_headers
-from rapid.errors import RapidError
-from rapid.modeling import Decoder
-from rapid.sampling import SamplingParams
-from rapid.server.batching import Batcher
-from rapid.server.connections import ConnectionGate
-from rapid.server.metrics import ServerMetrics
-from rapid.server.sessions import Entry, Limits, SessionTable
-from rapid.server.target import PromptTooLongError, TargetSession
-from rapid.wire import (
+from rapid.core.auth import check_authorization_headers
+from rapid.core.errors import RapidError
+from rapid.core.sampling import SamplingParams
+from rapid.core.wire import (
     TRANSPORT_MAX_BYTES,
     Bye,
     ErrorFrame,
@@ -60,6 +54,13 @@ from rapid.wire import (
     decode,
     encode,
 )
+from rapid.modeling import Decoder
+from rapid.server.batching import Batcher
+from rapid.server.connections import ConnectionGate
+from rapid.server.metrics import ServerMetrics
+from rapid.server.serve_config import Limits
+from rapid.server.sessions import Entry, SessionTable
+from rapid.server.target import PromptTooLongError, TargetSession
 
 log = logging.getLogger("rapid.server")
 CLOSE_S = 5.0  # a server-initiated close (error frame + closing handshake) takes at most this long
@@ -77,7 +78,7 @@ class VerifierServer:
                  flat_nodes: int = 0, tokenizer: str = "",
                  curve: tuple[list[int], list[int]] = ([], [])) -> None:
         self.model = model
-        self.tokenizer = tokenizer  # rapid.vocab.fingerprint of the target's tokenizer ("" = unchecked)
+        self.tokenizer = tokenizer  # rapid.core.vocab.fingerprint of the target's tokenizer ("" = unchecked)
         self.flat_nodes = flat_nodes  # told to edges in Ready (server.verify_curve.flat_nodes)
         self.curve = (list(curve[0]), list(curve[1]))  # Ready's curve_nodes / curve_us (verify_curve.wire_curve)
         self.verify_mode = verify_mode  # "tree" or "sequential" (rapid.server.target)

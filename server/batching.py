@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
-from rapid.acceptance import Verdict
+from rapid.core.acceptance import Verdict
 from rapid.server.chains import forward_chains
 from rapid.server.target import BadTreeError, TargetSession
 

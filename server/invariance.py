@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rapid.acceptance import Verdict
+from rapid.core.acceptance import Verdict
+from rapid.core.sampling import SamplingParams
 from rapid.modeling import Decoder
-from rapid.sampling import SamplingParams
 from rapid.server import row_forward, rowops
 from rapid.server.chains import forward_chains
 from rapid.server.target import TargetSession

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from rapid.core.sampling import SamplingParams
 from rapid.modeling import Decoder
-from rapid.sampling import SamplingParams
 from rapid.server.chains import forward_chains
 from rapid.server.invariance import NO_ROWS, RowCheck, compare_rows, step_rows
 from rapid.server.target import TargetSession

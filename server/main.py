@@ -7,12 +7,16 @@ import logging
 import signal
 import socket
 
-from rapid.auth import load_token, server_ssl_context
-from rapid.errors import RapidError
+from rapid.core.auth import load_token, server_ssl_context
+from rapid.core.device import choose_device
+from rapid.core.errors import RapidError
+from rapid.core.precision import choose_dtype, cpu_flags
+from rapid.core.vocab import fingerprint
+from rapid.modeling import load_decoder
 from rapid.server import row_forward, rowops
 from rapid.server.app import VerifierServer, serve_forever
 from rapid.server.invariance import check_invariance
-from rapid.server.sessions import Limits
+from rapid.server.serve_config import ServeConfig, VerifierSpec
 from rapid.server.verify_curve import (
     FLAT_TOLERANCE,
     CurvePoint,
@@ -21,7 +25,6 @@ from rapid.server.verify_curve import (
     measure_curve,
     wire_curve,
 )
-from rapid.vocab import fingerprint
 
 log = logging.getLogger("rapid.server")
 FLAT_PROBE_TOKENS = (1, 4, 8, 16, 32)  # the verify-curve points measured at start-up
@@ -41,13 +44,9 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def load_target(spec: str, dtype: str = "auto", threads: int = 1, device: str = "auto"):
-    """Load the target on ``device`` (``rapid.device``: auto = the first CUDA device, else the CPU)
-    in ``dtype`` (``rapid.precision``: auto = bf16 where native)."""
+    """Load the target on ``device`` (``rapid.core.device``: auto = the first CUDA device, else the CPU)
+    in ``dtype`` (``rapid.core.precision``: auto = bf16 where native)."""
     import torch
-
-    from rapid.device import choose_device
-    from rapid.modeling import load_decoder
-    from rapid.precision import choose_dtype, cpu_flags
 
     dev = choose_device(device, torch.cuda.device_count() if torch.cuda.is_available() else 0)
     choice = choose_dtype(dtype, dev, cpu_flags())
@@ -108,42 +107,35 @@ def measured_flat_nodes(model, mode: str, points: list[CurvePoint] | None = None
     return flat_nodes(points) if points else 0
 
 
-def build_verifier(target: str, limits: Limits, *, threads: int = 1, dtype: str = "auto", device: str = "auto",
-                   verify: str = "auto", token: str | None = None, batch_window_ms: float = 2.0,
-                   max_batch: int = 8) -> VerifierServer:
+def build_verifier(spec: VerifierSpec, token: str | None = None) -> VerifierServer:
     """Load the target, measure its verify mode and curve, and wrap it in a ``VerifierServer``
     (the single-process server and every Ray Serve replica are built here)."""
-    log.info("loading target %s (%s, %d thread(s))", target, dtype, threads)
-    model, tokenizer = load_target(target, dtype, threads, device)
-    mode = choose_verify_mode(model, verify, limits.max_nodes)
+    log.info("loading target %s (%s, %d thread(s))", spec.target, spec.dtype, spec.threads)
+    model, tokenizer = load_target(spec.target, spec.dtype, spec.threads, spec.device)
+    mode = choose_verify_mode(model, spec.verify, spec.limits.max_nodes)
     points = startup_curve(model, mode)
-    return VerifierServer(model, limits, token=token, batch_window_ms=batch_window_ms, max_batch=max_batch,
-                          verify_mode=mode, flat_nodes=measured_flat_nodes(model, mode, points),
+    return VerifierServer(model, spec.limits, token=token, batch_window_ms=spec.batch_window_ms,
+                          max_batch=spec.max_batch, verify_mode=mode, flat_nodes=measured_flat_nodes(model, mode, points),
                           tokenizer=fingerprint(tokenizer), curve=wire_curve(points))
 
 
-def run_serve(target: str, host: str, port: int, threads: int = 1, dtype: str = "auto",
-              max_sessions: int = 16, max_context: int = 4096, max_nodes: int = 64, *,
-              token_file: str | None = None, cert: str | None = None, key: str | None = None,
-              batch_window_ms: float = 2.0, max_batch: int = 8, idle_timeout: float = 600.0,
-              grace: float = 30.0, verify: str = "auto", device: str = "auto", hello_timeout: float = 10.0,
-              max_connections: int = 0) -> int:
+def run_serve(config: ServeConfig) -> int:
+    """``rapid serve``: the verifier on ``config.host:port`` until SIGINT/SIGTERM."""
     try:
-        limits = Limits(max_sessions, max_context, max_nodes, grace, idle_timeout, hello_timeout, max_connections)
+        spec = config.verifier()
     except ValueError as e:
         raise RapidError(str(e)) from None
-    token = load_token(token_file)
-    ssl_ctx = server_ssl_context(cert, key)
-    check_port_free(host, port)
-    server = build_verifier(target, limits, threads=threads, dtype=dtype, device=device, verify=verify, token=token,
-                            batch_window_ms=batch_window_ms, max_batch=max_batch)
+    token = load_token(config.token_file)
+    ssl_ctx = server_ssl_context(config.cert, config.key)
+    check_port_free(config.host, config.port)
+    server = build_verifier(spec, token)
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await serve_forever(server, host, port, stop=stop, ssl=ssl_ctx)
+        await serve_forever(server, config.host, config.port, stop=stop, ssl=ssl_ctx)
         log.info("verifier stopped: %s", server.stats)
 
     asyncio.run(main())

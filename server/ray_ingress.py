@@ -33,10 +33,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from starlette.responses import PlainTextResponse, Response
 from websockets.asyncio.client import connect
 
-from rapid.auth import check_authorization
+from rapid.core.auth import check_authorization
+from rapid.core.wire import MAX_FRAME_BYTES, Hello, WireError, decode
 from rapid.server.federate import federate
 from rapid.server.scale_config import REGISTRY, log_to_stderr, replica_of
-from rapid.wire import MAX_FRAME_BYTES, Hello, WireError, decode
 
 log = logging.getLogger("rapid.server.ingress")
 CALL_TIMEOUT_S = 30.0  # an endpoint or metrics call to a replica (Serve queues while replicas start)

@@ -20,9 +20,11 @@ from __future__ import annotations
 import logging
 import time
 
+import rapid.server
 from rapid.server.background import BackgroundServer
 from rapid.server.main import build_verifier
-from rapid.server.scale_config import VerifierSpec, log_to_stderr, session_prefix
+from rapid.server.scale_config import log_to_stderr, session_prefix
+from rapid.server.serve_config import VerifierSpec
 from rapid.server.sessions import SessionTable
 
 log = logging.getLogger("rapid.server.replica")
@@ -40,9 +42,7 @@ class VerifierReplica:
         self.uid = serve.get_replica_context().replica_id.unique_id
         self.drain_s = drain_s
         self.draining = False
-        self.server = build_verifier(spec.target, spec.limits, threads=spec.threads, dtype=spec.dtype,
-                                     device=spec.device, verify=spec.verify, token=token,
-                                     batch_window_ms=spec.batch_window_ms, max_batch=spec.max_batch)
+        self.server = build_verifier(spec, token)
         # before the server runs: every session id made here names this replica
         self.server.sessions = SessionTable(spec.limits, id_prefix=session_prefix(self.uid))
         self.bg = BackgroundServer(self.server, host)
@@ -59,8 +59,6 @@ class VerifierReplica:
         return self.uid, self.url
 
     def describe(self) -> dict:
-        import rapid.server
-
         attached, detached = self._counts()
         return {"replica": self.uid, "url": self.url, "attached": attached, "detached": detached,
                 "verify_mode": self.server.verify_mode, "module": rapid.server.__file__}

@@ -17,19 +17,20 @@ import os
 import signal
 import threading
 
-from rapid.auth import load_token
-from rapid.errors import RapidError
+from rapid.core.auth import load_token
+from rapid.core.errors import RapidError
+from rapid.core.optional import import_optional
 from rapid.server.ray_replica import VerifierReplica
-from rapid.server.scale_config import ScaleOut, VerifierSpec, ingress_options, verifier_options
-from rapid.server.sessions import Limits
+from rapid.server.scale_config import ScaleOut, ingress_options, verifier_options
+from rapid.server.serve_config import DEFAULT, ServeConfig, VerifierSpec
 
 log = logging.getLogger("rapid.server.ray")
 APP_NAME = "rapid"
 
 # rapid serve flag (dest) -> default; anything else in an options dict is refused
-VERIFIER_KEYS = {"target": "default-target", "threads": 1, "dtype": "auto", "device": "auto", "verify": "auto",
-                 "max_sessions": 16, "max_context": 4096, "max_nodes": 64, "grace": 30.0, "idle_timeout": 600.0,
-                 "batch_window_ms": 2.0, "max_batch": 8}
+VERIFIER_KEYS = {name: getattr(DEFAULT, name) for name in (
+    "target", "threads", "dtype", "device", "verify", "max_sessions", "max_context", "max_nodes", "grace",
+    "idle_timeout", "batch_window_ms", "max_batch")}
 SCALE_KEYS = {"replicas": None, "min_replicas": None, "max_replicas": None, "num_gpus_per_replica": 0.0,
               "num_cpus_per_replica": 1.0, "ingress_replicas": 1, "target_sessions": 8, "drain": 60.0}
 OTHER_KEYS = {"token_file": None, "host": "0.0.0.0", "port": 8000, "cert": None, "key": None, "ray_address": None,
@@ -58,9 +59,7 @@ def spec_from_options(options: dict) -> tuple[VerifierSpec, ScaleOut, dict]:
     o = {**ALL_KEYS, **{k: v for k, v in options.items() if v is not None}}
     remote = o["ray_address"] or os.environ.get("RAY_ADDRESS")  # replicas may then be on other nodes
     try:
-        limits = Limits(o["max_sessions"], o["max_context"], o["max_nodes"], o["grace"], o["idle_timeout"])
-        spec = VerifierSpec(o["target"], limits, o["threads"], o["dtype"], o["device"], o["verify"],
-                            o["batch_window_ms"], o["max_batch"])
+        spec = ServeConfig.of({k: o[k] for k in VERIFIER_KEYS}).verifier()
         scale = ScaleOut(replicas=o["replicas"] or o["min_replicas"] or 1, min_replicas=o["min_replicas"],
                          max_replicas=o["max_replicas"], num_gpus=o["num_gpus_per_replica"],
                          num_cpus=o["num_cpus_per_replica"], ingress_replicas=o["ingress_replicas"],
@@ -75,8 +74,7 @@ def build_app(spec: VerifierSpec, scale: ScaleOut, token: str | None):
     """The Serve application: Ingress(Verifier × N). The token reaches replicas in their init
     arguments (inside the cluster), so they check the header the ingress forwards."""
     _, serve = _ray()
-    from rapid.server.ray_ingress import make_ingress
-
+    make_ingress = import_optional("rapid.server.ray_ingress", "ray").make_ingress
     verifier = serve.deployment(VerifierReplica).options(**verifier_options(scale))
     ingress = serve.deployment(make_ingress(serve)).options(**ingress_options(scale))
     return ingress.bind(verifier.bind(spec, token, scale.replica_host, scale.drain_s), token,

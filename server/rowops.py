@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
+from rapid.core.errors import RapidError
 from rapid.engines.kvops_abi import _lib_filename
 from rapid.engines.native import search_dirs
-from rapid.errors import RapidError
 
 LIB = "rapid_rowops"
 ABI_VERSION = 1

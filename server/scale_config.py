@@ -17,8 +17,6 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
-from rapid.server.sessions import Limits
-
 ROUTER_CLASS = "rapid.server.ray_router.SessionRouter"
 POLICY_CLASS = "rapid.server.ray_scale:SessionsPolicy"
 
@@ -53,20 +51,6 @@ class Registry:
 
 
 REGISTRY = Registry()
-
-
-@dataclass(slots=True, frozen=True)
-class VerifierSpec:
-    """What every replica loads and serves (``rapid serve``'s model, verify and limit flags)."""
-
-    target: str
-    limits: Limits = Limits()
-    threads: int = 1
-    dtype: str = "auto"
-    device: str = "auto"
-    verify: str = "auto"
-    batch_window_ms: float = 2.0
-    max_batch: int = 8
 
 
 @dataclass(slots=True, frozen=True)

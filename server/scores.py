@@ -5,7 +5,7 @@ the row of its parent (row 0 for a child of the root, row 1 + parent otherwise),
 the row of the path's end. For each such row ``z`` (float32, the raw model logits: before
 temperature, top-p and top-k, as vLLM's default ``raw_logprobs``)
 
-    logprob(t)  = (z − max z − log Σ exp(z − max z))_t      (``rapid.sampling.log_softmax``, float32)
+    logprob(t)  = (z − max z − log Σ exp(z − max z))_t      (``rapid.core.sampling.log_softmax``, float32)
     top_k(z)    = the k largest log-probabilities, descending, ties by lower token id
 
 Each row is scored on its own (a fresh contiguous copy), so the numbers depend only on the row's
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rapid.acceptance import Verdict
-from rapid.sampling import log_softmax, top_k_ids
+from rapid.core.acceptance import Verdict
+from rapid.core.sampling import log_softmax, top_k_ids
 
 
 @dataclass(slots=True)

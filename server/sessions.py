@@ -19,32 +19,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from rapid.server.serve_config import Limits
 from rapid.server.target import TargetSession
 
 VERDICT_MEMORY = 8  # rounds remembered per session
-CONNECTIONS_PER_SESSION = 4  # default connection cap per session slot (resumes overlap dying connections)
-
-
-@dataclass(slots=True, frozen=True)
-class Limits:
-    max_sessions: int = 16
-    max_context: int = 4096  # KV entries per session (prompt + generated + tree)
-    max_nodes: int = 64  # tree nodes per verification
-    grace_s: float = 30.0  # a detached session is kept this long for a resume
-    idle_timeout_s: float = 600.0  # an attached session silent this long is freed (its connection closed)
-    hello_timeout_s: float = 10.0  # a connection without a session within this long is closed
-    max_connections: int = 0  # open websocket connections (0 = CONNECTIONS_PER_SESSION × max_sessions)
-
-    def __post_init__(self) -> None:
-        if self.max_connections == 0:
-            object.__setattr__(self, "max_connections", CONNECTIONS_PER_SESSION * self.max_sessions)
-        rules = (("max_sessions", self.max_sessions >= 1, ">= 1"), ("max_context", self.max_context >= 8, ">= 8"),
-                 ("max_nodes", self.max_nodes >= 1, ">= 1"), ("grace_s", self.grace_s >= 0, ">= 0"),
-                 ("idle_timeout_s", self.idle_timeout_s > 0, "> 0"), ("hello_timeout_s", self.hello_timeout_s > 0, "> 0"),
-                 ("max_connections", self.max_connections >= 1, ">= 1 (0 = the default)"))
-        for name, ok, rule in rules:
-            if not ok:
-                raise ValueError(f"limit {name} must be {rule}, got {getattr(self, name)}")
 
 
 @dataclass(slots=True)

@@ -8,7 +8,7 @@ committed token is the tree root and is fed with every tree. A tree of N nodes h
 
 computed as its root-to-leaf chains (``rapid.server.chains``: each chain a causal batch row over
 the session's KV, so every row is bitwise the one-token step of its prefix). Then ``pick`` every
-row, ``accept`` (``rapid.acceptance``), ``commit`` the KV of the root and the accepted path, and
+row, ``accept`` (``rapid.core.acceptance``), ``commit`` the KV of the root and the accepted path, and
 append path tokens + bonus. With ``logprobs`` k >= 0 the session also scores every emitted
 token (``rapid.server.scores``: its log-probability and top k, from the very row that picked it)
 into ``last_scores``, read with the verdict. An empty tree is one step of plain autoregressive decoding, which is
@@ -37,12 +37,12 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from rapid.acceptance import Verdict, accept, finish, validate_tree
-from rapid.errors import RapidError
-from rapid.geometry import ROOT, node_positions, tree_depths
+from rapid.core.acceptance import Verdict, accept, finish, validate_tree
+from rapid.core.errors import RapidError
+from rapid.core.geometry import ROOT, child_with, node_positions, tree_depths
+from rapid.core.sampling import SamplingParams, pick_tokens
 from rapid.kvcache import StaticKV
 from rapid.modeling import Decoder
-from rapid.sampling import SamplingParams, pick_tokens
 from rapid.server import row_forward
 from rapid.server.chains import ChainJob, ChainResult, forward_chains, leaf_chains
 from rapid.server.chains import commit as chains_commit
@@ -170,7 +170,7 @@ class TargetSession:
         while True:
             step = self.verify([], [])  # one target-alone step: appends the target's pick
             scores.extend(self.last_scores)
-            child = next((j for j in range(len(tokens)) if parents[j] == node and tokens[j] == step.bonus), None)
+            child = child_with(tokens, parents, node, step.bonus)
             if child is None:  # the pick already appended is the bonus; the path is committed
                 self.last_scores = scores
                 return Verdict(tuple(path), step.bonus)

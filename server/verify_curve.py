@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rapid.core.sampling import SamplingParams
 from rapid.modeling import Decoder
-from rapid.sampling import SamplingParams
 from rapid.server.target import TargetSession
 
 CURVE_TOKENS = (1, 2, 4, 8, 16, 32)

@@ -1,4 +1,4 @@
-"""rapid.acceptance: sample-then-match acceptance, tree validation, finish."""
+"""rapid.core.acceptance: sample-then-match acceptance, tree validation, finish."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rapid.acceptance import Verdict, accept, finish, validate_tree
-from rapid.geometry import ROOT
+from rapid.core.acceptance import Verdict, accept, finish, validate_tree
+from rapid.core.geometry import ROOT
 
 
 def random_tree(rng: np.random.Generator, n: int, vocab: int):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from rapid.procs import free_port
+from rapid.core.procs import free_port
 
 
 def rapid(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:

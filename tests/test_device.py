@@ -1,10 +1,10 @@
-"""rapid.device: --device resolution (pure; the CUDA paths run in scripts/device_check.sh)."""
+"""rapid.core.device: --device resolution (pure; the CUDA paths run in scripts/device_check.sh)."""
 
 from __future__ import annotations
 
 import pytest
 
-from rapid.device import UnsupportedDeviceError, choose_device
+from rapid.core.device import UnsupportedDeviceError, choose_device
 
 
 @pytest.mark.parametrize("requested, count, want", [

@@ -30,8 +30,8 @@ def test_probe_runs_and_cpu_really_works():
 
 
 def test_precision_rows_say_what_auto_picks_and_why():
+    from rapid.core.precision import choose_dtype, cpu_flags
     from rapid.doctor import precision_rows
-    from rapid.precision import choose_dtype, cpu_flags
 
     rows = dict(precision_rows())
     want = choose_dtype("auto", "cpu", cpu_flags())

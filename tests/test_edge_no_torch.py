@@ -29,8 +29,7 @@ sys.meta_path.insert(0, _NoTorch())
 sys.modules["torch"] = None  # `import torch` fails; importlib.util.find_spec("torch") is None
 '''
 EDGE_MODULES = [
-    "rapid", "rapid.acceptance", "rapid.auth", "rapid.cli", "rapid.doctor", "rapid.errors", "rapid.geometry",
-    "rapid.manifest", "rapid.models", "rapid.procs", "rapid.sampling", "rapid.trt_support", "rapid.wire",
+    "rapid", "rapid.cli", "rapid.doctor", "rapid.models",
     "rapid.engines.base", "rapid.engines.cuda", "rapid.engines.kvops_abi", "rapid.engines.kvops_build",
     "rapid.engines.kvops_cuda", "rapid.engines.kvops_numpy", "rapid.engines.native", "rapid.engines.ort_engine",
     "rapid.engines.select", "rapid.engines.trt_engine", "rapid.engines.trt_io", "rapid.engines.trt_layout",
@@ -39,11 +38,12 @@ TORCH_SIDE = {"rapid.engines.torch_engine"}  # the PyTorch draft backend is torc
 
 
 def edge_modules() -> list[str]:
-    """The fixed list plus every rapid.runtime module (a new one is covered without editing this file)."""
+    """The fixed list plus every rapid.core and rapid.runtime module (a new one is covered without editing this file)."""
+    core = sorted(f"rapid.core.{p.stem}" for p in (REPO / "rapid" / "core").glob("*.py") if p.stem != "__init__")
     runtime = sorted(f"rapid.runtime.{p.stem}" for p in (REPO / "runtime").glob("*.py") if p.stem != "__init__")
     engines = sorted(f"rapid.engines.{p.stem}" for p in (REPO / "engines").glob("*.py") if p.stem != "__init__")
     assert set(engines) - set(EDGE_MODULES) <= TORCH_SIDE, "a new engine module: list it as edge or torch side"
-    return EDGE_MODULES + runtime
+    return EDGE_MODULES + core + runtime
 
 
 def run_blocked(code: str, timeout: float = 120) -> subprocess.CompletedProcess:

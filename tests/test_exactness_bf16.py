@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
+from rapid.core.sampling import SamplingParams
 from rapid.engines.torch_engine import TorchEngine
 from rapid.modeling import Decoder
 from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
@@ -19,7 +20,6 @@ from rapid.runtime.drafter import Drafter
 from rapid.runtime.link import CloudLink
 from rapid.runtime.policies import POLICIES
 from rapid.runtime.tree import TreeParams
-from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer
 from rapid.server.background import BackgroundServer
 from rapid.server.main import choose_verify_mode

@@ -1,4 +1,4 @@
-"""rapid.geometry: depths, positions, the one ancestor-mask builder and its causal (chain) case."""
+"""rapid.core.geometry: depths, positions, the one ancestor-mask builder and its causal (chain) case."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rapid.geometry import ROOT, ancestor_mask, causal_allowed, node_positions, tree_depths
+from rapid.core.geometry import ROOT, ancestor_mask, causal_allowed, node_positions, tree_depths
 
 FAST = settings(max_examples=80, deadline=None)
 

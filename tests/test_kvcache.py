@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rapid.errors import ContextFullError, RapidError
+from rapid.core.errors import ContextFullError, RapidError
 from rapid.kvcache import StaticKV
 
 L, H, D = 2, 2, 3

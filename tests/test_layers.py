@@ -1,130 +1,130 @@
-"""The layers, held by a static scan of every import (top-level and inside functions).
+"""The layers are import-linter contracts in pyproject.toml; this runs them (scripts/lint_imports.py).
 
-    runtime ↛ server      server ↛ runtime      engines ↛ runtime, server      export ↛ engines
-    the core (rapid/ torch-free modules) ↛ any layer, any non-core rapid module, torch
-    nothing ↛ the CLI (rapid.cli)
+    rapid.cli > bench | demo | doctor > runtime | server > engines | export
+              > modeling | kvcache | tiny > models > rapid.core (torch-free)
 
-A violation names the file, the line and the import.
+The graph is checked for content too, so a layout change that hid a card folder from the linter
+(an empty graph keeps every contract) fails here instead of passing silently.
 """
 
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
+import sys
 from pathlib import Path
 
+import grimp
 import pytest
+from grimp.application.config import settings
+from importlinter.api import read_configuration
+from importlinter.contracts.forbidden import ForbiddenContract
+from importlinter.contracts.layers import LayersContract
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+import lint_imports  # noqa: E402  (scripts/ is not a package)
+
+ROOTS = ("rapid", "rapid.export", "rapid.engines", "rapid.runtime", "rapid.server", "rapid.bench")
 FOLDERS = {"export": "rapid.export", "engines": "rapid.engines", "runtime": "rapid.runtime",
-           "server": "rapid.server", "bench": "rapid.bench"}
-# the torch-free core both sides share (rapid/<name>.py)
-CORE = {"rapid", "rapid.acceptance", "rapid.auth", "rapid.errors", "rapid.geometry", "rapid.logsafe", "rapid.manifest",
-        "rapid.procs", "rapid.sampling", "rapid.trt_support", "rapid.vocab", "rapid.wire"}
-LAYERS = tuple(FOLDERS.values())
-FORBIDDEN = {
-    "rapid.runtime": ("rapid.server",),
-    "rapid.server": ("rapid.runtime",),
-    "rapid.engines": ("rapid.runtime", "rapid.server"),
-    "rapid.export": ("rapid.engines", "rapid.runtime", "rapid.server"),
-}
+           "server": "rapid.server", "bench": "rapid.bench", "rapid": "rapid"}
+OPTIONAL = re.compile(r"import_optional\(\s*\"([\w.]+)\"")
 
 
-def module_name(path: Path) -> str:
-    rel = path.relative_to(REPO).with_suffix("")
-    parts = list(rel.parts)
-    if parts[0] in FOLDERS:
-        parts = FOLDERS[parts[0]].split(".") + parts[1:]
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join(parts)
-
-
-def imports(path: Path, text: str) -> list[tuple[int, str]]:
-    """(line, absolute module name) for every import in the file, at any depth."""
-    tree = ast.parse(text, filename=str(path))
-    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
-    out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            # `from rapid import models` imports rapid.models
-            out += [(node.lineno, f"{base}.{a.name}" if base in ("rapid", *LAYERS) else base) for a in node.names]
+def sources() -> dict[str, Path]:
+    """{module name: file} for every package module."""
+    out = {}
+    for folder, package in FOLDERS.items():
+        for path in (REPO / folder).rglob("*.py"):
+            parts = [*package.split("."), *path.relative_to(REPO / folder).with_suffix("").parts]
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
 
 
-def under(name: str, prefix: str) -> bool:
-    return name == prefix or name.startswith(prefix + ".")
+def optional_imports() -> list[tuple[str, str]]:
+    """(importer, imported) for every ``import_optional("…")``: edges grimp cannot see."""
+    return [(name, target) for name, path in sources().items()
+            for target in OPTIONAL.findall(path.read_text())]
 
 
-def forbidden(src: str, target: str) -> str | None:
-    """Why ``src`` may not import ``target``, or None."""
-    if src != "rapid.cli" and under(target, "rapid.cli"):
-        return "nothing imports the CLI"
-    if src in CORE:
-        if under(target, "torch"):
-            return "the core is torch-free"
-        if under(target, "rapid") and target not in CORE:
-            return "the core imports only the core"
-    for layer, banned in FORBIDDEN.items():
-        if under(src, layer):
-            for b in banned:
-                if under(target, b):
-                    return f"{layer} ↛ {b}"
-    return None
+@pytest.fixture(scope="module")
+def graph() -> grimp.ImportGraph:
+    saved = settings.copy()
+    settings.configure(PACKAGE_FINDER=lint_imports.CardFolderFinder())
+    try:
+        g = grimp.build_graph(*ROOTS, include_external_packages=True, cache_dir=None)
+    finally:
+        settings.configure(**saved._config)
+    for importer, imported in optional_imports():
+        g.add_import(importer=importer, imported=imported, line_number=1, line_contents="import_optional")
+    return g
 
 
-def sources() -> list[Path]:
-    files = sorted((REPO / "rapid").glob("*.py"))
-    for folder in FOLDERS:
-        files += sorted((REPO / folder).rglob("*.py"))
-    return files
+def test_every_contract_is_kept_with_the_optional_imports_too(graph):
+    assert len(optional_imports()) >= 5
+    assert all(check(graph).values()), check(graph)
 
 
-def check_file(path: Path, text: str) -> list[str]:
-    src = module_name(path)
-    out = []
-    for line, target in imports(path, text):
-        why = forbidden(src, target)
-        if why:
-            out.append(f"{path.relative_to(REPO)}:{line}: imports {target} ({why})")
+def test_every_contract_is_kept():
+    run = subprocess.run([sys.executable, "scripts/lint_imports.py"], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Contracts: 2 kept, 0 broken." in run.stdout, run.stdout
+
+
+def test_the_graph_sees_every_card_folder(graph):
+    for folder in ("export", "engines", "runtime", "server", "bench"):
+        on_disk = {p.stem for p in (REPO / folder).glob("*.py") if p.stem != "__init__"}
+        in_graph = {m.rpartition(".")[2] for m in graph.modules if m.startswith(f"rapid.{folder}.")}
+        assert on_disk <= in_graph, f"{folder}/: the linter misses {sorted(on_disk - in_graph)}"
+
+
+def test_the_graph_holds_the_known_edges(graph):
+    assert graph.direct_import_exists(importer="rapid.runtime.coordinator", imported="rapid.core.wire")
+    # rapid serve needs torch: the CLI loads the server through import_optional
+    assert graph.direct_import_exists(importer="rapid.cli", imported="rapid.server.main")
+
+
+def test_the_project_imports_its_own_modules_at_the_top():
+    """Inside a function only third-party optional packages are imported (torch, onnxruntime, …);
+    a project module that needs one is loaded with rapid.core.optional.import_optional."""
+    found = []
+    for path in sources().values():
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                        else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                if (isinstance(node, ast.ImportFrom) and node.level) or any(m.split(".")[0] == "rapid" for m in mods):
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno} ({fn.name})")
+    assert not found, "imports of the project inside functions:\n" + "\n".join(sorted(set(found)))
+
+
+def check(graph: grimp.ImportGraph) -> dict[str, bool]:
+    """{contract name: kept} for pyproject's contracts on ``graph``."""
+    config = read_configuration(str(REPO / "pyproject.toml"))
+    out = {}
+    for options in config["contracts_options"]:
+        kind = {"layers": LayersContract, "forbidden": ForbiddenContract}[options["type"]]
+        contract = kind(name=options["name"], session_options=config["session_options"],
+                        contract_options=options)
+        out[options["name"]] = contract.check(graph, verbose=False).kept
     return out
 
 
-def violations() -> list[str]:
-    return [v for path in sources() for v in check_file(path, path.read_text())]
-
-
-def test_the_layers_hold():
-    found = violations()
-    assert not found, "layer violations:\n" + "\n".join(found)
-
-
-def test_every_core_module_exists():
-    assert {m for m in CORE if not (REPO / (m.replace(".", "/") + ".py")).is_file()} == {"rapid"}
-
-
-@pytest.mark.parametrize("src,target,why", [
-    ("rapid.runtime.coordinator", "rapid.server.target", "rapid.runtime ↛ rapid.server"),
-    ("rapid.server.app", "rapid.runtime.tree", "rapid.server ↛ rapid.runtime"),
-    ("rapid.engines.ort_engine", "rapid.runtime.tree", "rapid.engines ↛ rapid.runtime"),
-    ("rapid.export.trt_build", "rapid.engines.trt_engine", "rapid.export ↛ rapid.engines"),
-    ("rapid.runtime.daemon", "rapid.cli", "nothing imports the CLI"),
-    ("rapid.geometry", "torch", "the core is torch-free"),
-    ("rapid.wire", "rapid.modeling", "the core imports only the core"),
+@pytest.mark.parametrize("importer,imported,broken", [
+    ("rapid.runtime.coordinator", "rapid.server.target", "layers"),
+    ("rapid.server.app", "rapid.runtime.tree", "layers"),
+    ("rapid.export.trt_build", "rapid.engines.trt_engine", "layers"),
+    ("rapid.runtime.daemon", "rapid.cli", "layers"),
+    ("rapid.core.wire", "rapid.modeling", "layers"),
+    ("rapid.core.geometry", "torch", "torch-free"),
 ])
-def test_the_rules_catch(src, target, why):
-    assert forbidden(src, target) == why
-
-
-def test_a_violation_names_file_line_and_import():
-    text = "import numpy\n\n\ndef f():\n    from rapid.server.target import TargetSession\n"
-    assert check_file(REPO / "runtime" / "probe.py", text) == [
-        "runtime/probe.py:5: imports rapid.server.target (rapid.runtime ↛ rapid.server)"]
-    assert check_file(REPO / "rapid" / "geometry.py", "from . import cli\nimport torch.nn\n") == [
-        "rapid/geometry.py:1: imports rapid.cli (nothing imports the CLI)",
-        "rapid/geometry.py:2: imports torch.nn (the core is torch-free)"]
+def test_the_contracts_catch(graph, importer, imported, broken):
+    assert all(check(graph).values())
+    bad = graph.copy()
+    bad.add_import(importer=importer, imported=imported, line_number=1, line_contents=f"import {imported}")
+    kept = check(bad)
+    assert [name for name, ok in kept.items() if not ok] == [n for n in kept if broken in n]

@@ -1,4 +1,4 @@
-"""rapid.logsafe: no secret reaches a log line, whatever shape the library logging it uses."""
+"""rapid.core.logsafe: no secret reaches a log line, whatever shape the library logging it uses."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from rapid import logsafe
-from rapid.auth import load_token
+from rapid.core import logsafe
+from rapid.core.auth import load_token
 
 SECRET = "tok-\u00e9-0123456789"
 

@@ -1,4 +1,4 @@
-"""rapid.manifest: the export folder's contract (names, I/O spec, atomic write, strict load)."""
+"""rapid.core.manifest: the export folder's contract (names, I/O spec, atomic write, strict load)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from rapid import manifest as m
+from rapid.core import manifest as m
 
 
 def valid(**over) -> dict:

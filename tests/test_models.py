@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rapid import models
-from rapid.errors import RapidError
+from rapid.core.errors import RapidError
 from rapid.models import (
     DEFAULT_MODELS,
     ModelFetchError,

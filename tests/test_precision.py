@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rapid.precision import UnsupportedDtypeError, choose_dtype, cpu_flags
+from rapid.core.precision import UnsupportedDtypeError, choose_dtype, cpu_flags
 
 ZEN4 = frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_vnni"})
 AVX2_ONLY = frozenset({"avx2", "fma"})

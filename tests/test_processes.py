@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from rapid.procs import free_port, start_server, stop_server
-from rapid.sampling import SamplingParams
+from rapid.core.procs import free_port, start_server, stop_server
+from rapid.core.sampling import SamplingParams
 from rapid.server.target import reference_decode
 from rapid.tiny import EOS_ID
 

@@ -1,4 +1,4 @@
-"""rapid.sampling: greedy argmax, seeded Gumbel draws keyed by (seed, position), filters, params."""
+"""rapid.core.sampling: greedy argmax, seeded Gumbel draws keyed by (seed, position), filters, params."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rapid import sampling
-from rapid.sampling import SamplingParams, log_softmax, pick_tokens
+from rapid.core import sampling
+from rapid.core.sampling import SamplingParams, log_softmax, pick_tokens
 
 FAST = settings(max_examples=40, deadline=None)
 

@@ -1,4 +1,4 @@
-"""The tokenizer fingerprint both sides compare at the handshake (rapid.vocab, rapid.wire)."""
+"""The tokenizer fingerprint both sides compare at the handshake (rapid.core.vocab, rapid.core.wire)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import pytest
 from transformers import AutoTokenizer
 from websockets.asyncio.server import serve
 
+from rapid.core.vocab import fingerprint
+from rapid.core.wire import Hello, Ready, decode, encode
 from rapid.runtime.link import CloudError, CloudLink
 from rapid.server.app import VerifierServer
 from rapid.server.background import BackgroundServer
 from rapid.tiny import write_tokenizer
-from rapid.vocab import fingerprint
-from rapid.wire import Hello, Ready, decode, encode
 
 
 @pytest.fixture(scope="module")

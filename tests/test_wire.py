@@ -1,4 +1,4 @@
-"""rapid.wire: round trips, and decode never raising anything but WireError."""
+"""rapid.core.wire: round trips, and decode never raising anything but WireError."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rapid import wire
-from rapid.wire import (
+from rapid.core import wire
+from rapid.core.wire import (
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
     Bye,

@@ -71,7 +71,7 @@ def test_load_follows_the_edge_engine_device():
 
 def test_gpu_load_without_a_gpu_is_a_clear_error():
     from rapid.bench.contention import LoadProcess, gpu_load_available, parse_schedule
-    from rapid.errors import RapidError
+    from rapid.core.errors import RapidError
 
     ok, why = gpu_load_available()
     if ok:

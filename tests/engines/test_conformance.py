@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from trt_emulation import _install_trt_emulation
 
+from rapid.core.errors import RapidError
+from rapid.core.geometry import causal_allowed
 from rapid.engines.base import DraftEngine, EngineInfo, StepInputError
-from rapid.errors import RapidError
 from rapid.export.parity import tree_allowed
-from rapid.geometry import causal_allowed
 
 CAPACITY = 64
 ATOL = 1e-4
@@ -294,8 +294,8 @@ def test_trt_modules_import_without_tensorrt(tiny_export):
 
     for mod in ("rapid.engines.trt_engine", "rapid.engines.cuda", "rapid.export.trt_build"):
         importlib.import_module(mod)
+    from rapid.core.trt_support import missing_modules
     from rapid.engines.trt_engine import TrtEngine
-    from rapid.trt_support import missing_modules
 
     missing = missing_modules()
     if not missing:

@@ -9,13 +9,13 @@ import pytest
 from trt_emulation import install_trt_emulation
 from trt_emulation_engine import USER_MANAGED
 
+from rapid.core.geometry import causal_allowed
+from rapid.core.trt_support import PREFILL_CHUNK
 from rapid.engines.base import StepInputError
 from rapid.engines.ort_engine import OrtEngine
 from rapid.engines.trt_engine import TrtEngine
 from rapid.engines.trt_io import TrtTensorError
 from rapid.export.parity import tree_allowed
-from rapid.geometry import causal_allowed
-from rapid.trt_support import PREFILL_CHUNK
 
 CAP = 64
 

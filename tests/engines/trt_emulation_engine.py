@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from rapid.core.trt_support import PREFILL_CHUNK
 from rapid.export.trt_build import input_dims, profile_shapes
-from rapid.trt_support import PREFILL_CHUNK
 
 ALIGN = 256
 STATIC, ON_PROFILE_CHANGE, USER_MANAGED = 0, 1, 2

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rapid.errors import RapidError
-from rapid.manifest import input_names, load_manifest, output_names
+from rapid.core.errors import RapidError
+from rapid.core.manifest import input_names, load_manifest, output_names
 
 MAX_CONTEXT, MAX_TREE = 128, 16
 
@@ -170,8 +170,8 @@ def test_cli_main_reports_errors(tmp_path, capsys):
 
 
 def test_trt_build_without_tensorrt_is_a_clear_error(exported):
+    from rapid.core.trt_support import PREFILL_CHUNK, missing_modules
     from rapid.export.trt_build import build_trt, profile_shapes
-    from rapid.trt_support import PREFILL_CHUNK, missing_modules
 
     shapes = profile_shapes(2048, 64)
     assert shapes["tree"]["T"] == (1, 8, 64) and shapes["prefill"]["T"][2] == PREFILL_CHUNK
@@ -184,7 +184,7 @@ def test_trt_build_without_tensorrt_is_a_clear_error(exported):
 
 
 def test_manifest_loader_rejects_non_exports(tmp_path):
-    from rapid.manifest import ManifestError
+    from rapid.core.manifest import ManifestError
 
     with pytest.raises(ManifestError, match="does not exist"):
         load_manifest(tmp_path / "nope")
@@ -197,9 +197,9 @@ def test_manifest_loader_rejects_non_exports(tmp_path):
 
 def test_fp16_export_runs_on_ort_cpu(tmp_path):
     """fp16 graph (1-layer tiny model to stay fast): parity against fp32 PyTorch with the fp16 bound."""
+    from rapid.core.geometry import causal_allowed
     from rapid.engines.ort_engine import OrtEngine
     from rapid.export.onnx_export import export_onnx
-    from rapid.geometry import causal_allowed
     from rapid.modeling import load_decoder
     from rapid.tiny import build_tiny
 

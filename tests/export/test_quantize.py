@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
+from rapid.core.geometry import causal_allowed
+from rapid.core.manifest import load_manifest
+from rapid.core.sampling import SamplingParams
 from rapid.engines.ort_engine import OrtEngine
 from rapid.export.quantize import QuantConfig, QuantizeError, quantize_export
-from rapid.geometry import causal_allowed
-from rapid.manifest import load_manifest
 from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
 from rapid.runtime.drafter import Drafter
 from rapid.runtime.link import CloudLink
 from rapid.runtime.policies import POLICIES
 from rapid.runtime.tree import TreeParams
-from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer
 from rapid.server.background import BackgroundServer
 from rapid.server.target import reference_decode

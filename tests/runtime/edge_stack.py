@@ -9,13 +9,13 @@ import time
 import openai
 import uvicorn
 
-from rapid.procs import free_port
+from rapid.core.procs import free_port
+from rapid.core.sampling import SamplingParams
 from rapid.runtime.engine_pool import EdgeService
 from rapid.runtime.generate import open_edge_model
 from rapid.runtime.openai_api import create_app
 from rapid.runtime.openai_schema import RequestDefaults
 from rapid.runtime.tree import TreeParams
-from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer
 from rapid.server.background import BackgroundServer
 from rapid.server.target import reference_decode

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
+from rapid.core.sampling import SamplingParams
 from rapid.runtime.api import Edge
 from rapid.runtime.tree import TreeParams
-from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer
 from rapid.server.background import BackgroundServer
 from rapid.server.target import reference_decode, reference_scored

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 
+from rapid.core.sampling import SamplingParams
 from rapid.engines.torch_engine import TorchEngine
 from rapid.runtime.caac import CAACConfig
 from rapid.runtime.coordinator import Coordinator, CoordinatorConfig, controller_for
@@ -12,7 +13,6 @@ from rapid.runtime.drafter import Drafter
 from rapid.runtime.link import CloudLink
 from rapid.runtime.policies import POLICIES, Policy
 from rapid.runtime.tree import TreeParams
-from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer
 from rapid.server.background import BackgroundServer
 from rapid.server.target import reference_decode

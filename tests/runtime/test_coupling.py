@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rapid import sampling
 from rapid.bench.cli import bench_parser
+from rapid.core import sampling
+from rapid.core.sampling import SamplingParams, filtered_logits, noisy_scores, pick_tokens
 from rapid.runtime.args import add_tree_args, tree_params_of
 from rapid.runtime.coupling import coupled_top
-from rapid.sampling import SamplingParams, filtered_logits, noisy_scores, pick_tokens
 
 params_st = st.builds(SamplingParams, temperature=st.sampled_from([0.3, 0.7, 1.0, 1.7]),
                       top_p=st.sampled_from([1.0, 0.95, 0.8, 0.3]), top_k=st.sampled_from([0, 1, 3, 20]),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rapid.acceptance import validate_tree
+from rapid.core.acceptance import validate_tree
 from rapid.engines.torch_engine import TorchEngine
 from rapid.runtime.drafter import Drafter, StepTimeoutError
 from rapid.runtime.tree import TreeParams

@@ -18,16 +18,16 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import serve
 
+from rapid.core.sampling import SamplingParams
 from rapid.engines.torch_engine import TorchEngine
 from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
 from rapid.runtime.drafter import Drafter
 from rapid.runtime.link import CloudLink
 from rapid.runtime.policies import POLICIES
 from rapid.runtime.tree import TreeParams
-from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer
 from rapid.server.background import BackgroundServer
-from rapid.server.sessions import Limits
+from rapid.server.serve_config import Limits
 from rapid.server.target import reference_decode
 from rapid.tiny import EOS_ID
 
@@ -228,8 +228,8 @@ def test_cloud_restart_reprefills_committed_tokens(tiny_pair):
 
 
 def test_unreachable_cloud_fails_fast_on_open():
+    from rapid.core.wire import Hello
     from rapid.runtime.link import CloudError
-    from rapid.wire import Hello
 
     link = CloudLink("ws://127.0.0.1:9", open_timeout=2)
     with pytest.raises(CloudError) as e:

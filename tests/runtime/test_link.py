@@ -9,9 +9,9 @@ import time
 import pytest
 from websockets.asyncio.server import serve
 
-from rapid.procs import free_port
+from rapid.core.procs import free_port
+from rapid.core.wire import Bye, ErrorFrame, Hello, Ready, Tree, VerdictFrame, decode, encode
 from rapid.runtime.link import CloudError, CloudLink
-from rapid.wire import Bye, ErrorFrame, Hello, Ready, Tree, VerdictFrame, decode, encode
 
 
 def scripted(answer):

@@ -15,14 +15,14 @@ pytest.importorskip("fastapi")
 
 from edge_stack import TOKEN, Daemon, expected_text  # noqa: E402
 
+from rapid.core.sampling import SamplingParams  # noqa: E402
 from rapid.runtime.daemon import api_key_of  # noqa: E402
 from rapid.runtime.engine_pool import EdgeService  # noqa: E402
 from rapid.runtime.generate import open_edge_model  # noqa: E402
 from rapid.runtime.tree import TreeParams  # noqa: E402
-from rapid.sampling import SamplingParams  # noqa: E402
 from rapid.server.app import VerifierServer  # noqa: E402
 from rapid.server.background import BackgroundServer  # noqa: E402
-from rapid.server.sessions import Limits  # noqa: E402
+from rapid.server.serve_config import Limits  # noqa: E402
 from rapid.server.target import reference_scored  # noqa: E402
 
 CHAT = [{"role": "user", "content": "say something"}]

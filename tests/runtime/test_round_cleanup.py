@@ -12,21 +12,21 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import serve
 
+from rapid.core.errors import ContextFullError
+from rapid.core.procs import free_port
+from rapid.core.sampling import SamplingParams
+from rapid.core.wire import ErrorFrame, Tree, decode, encode
 from rapid.engines.torch_engine import TorchEngine
-from rapid.errors import ContextFullError
-from rapid.procs import free_port
 from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
 from rapid.runtime.drafter import Drafter
 from rapid.runtime.link import CloudError, CloudLink
 from rapid.runtime.policies import POLICIES
 from rapid.runtime.tree import TreeParams
-from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer
 from rapid.server.background import BackgroundServer
-from rapid.server.sessions import Limits
+from rapid.server.serve_config import Limits
 from rapid.server.target import reference_decode
 from rapid.tiny import EOS_ID
-from rapid.wire import ErrorFrame, Tree, decode, encode
 
 
 class FailingRoundProxy:

@@ -1,4 +1,4 @@
-"""rapid.runtime.tree: budgeted expansion, pruning, sub-trees; the drafter's attention rows (rapid.geometry)."""
+"""rapid.runtime.tree: budgeted expansion, pruning, sub-trees; the drafter's attention rows (rapid.core.geometry)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rapid.geometry import ROOT, ancestor_mask, node_positions
+from rapid.core.geometry import ROOT, ancestor_mask, node_positions
 from rapid.runtime.tree import TokenTree, TreeParams, best_tokens
 
 FAST = settings(max_examples=60, deadline=None)

@@ -11,7 +11,7 @@ import torch
 from rapid.modeling import Decoder, DecoderConfig
 from rapid.server.app import VerifierServer
 from rapid.server.background import BackgroundServer
-from rapid.server.sessions import Limits
+from rapid.server.serve_config import Limits
 
 # Qwen2.5-Coder-1.5B's shapes (the default target) with 2 of its 28 layers.
 DEFAULT_TARGET_SHAPES = DecoderConfig("qwen2", 151936, 1536, 2, 12, 2, 128, 8960, 1e-6, 1e6, True, False, False,

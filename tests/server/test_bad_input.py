@@ -9,12 +9,8 @@ import msgpack
 import pytest
 from websockets.asyncio.client import connect
 
-from rapid.sampling import SamplingParams
-from rapid.server.app import VerifierServer
-from rapid.server.background import BackgroundServer
-from rapid.server.sessions import Limits
-from rapid.server.target import reference_decode
-from rapid.wire import (
+from rapid.core.sampling import SamplingParams
+from rapid.core.wire import (
     MAX_ARRAY,
     MAX_FRAME_BYTES,
     ErrorFrame,
@@ -25,6 +21,10 @@ from rapid.wire import (
     decode,
     encode,
 )
+from rapid.server.app import VerifierServer
+from rapid.server.background import BackgroundServer
+from rapid.server.serve_config import Limits
+from rapid.server.target import reference_decode
 
 
 @pytest.fixture(scope="module")

@@ -10,18 +10,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from rapid.core.sampling import SamplingParams
 from rapid.engines.torch_engine import TorchEngine
 from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
 from rapid.runtime.drafter import Drafter
 from rapid.runtime.link import CloudLink
 from rapid.runtime.policies import POLICIES
 from rapid.runtime.tree import TreeParams
-from rapid.sampling import SamplingParams
 from rapid.server import batching
 from rapid.server.app import VerifierServer
 from rapid.server.background import BackgroundServer
 from rapid.server.batching import Batcher, verify_batch
-from rapid.server.sessions import Limits
+from rapid.server.serve_config import Limits
 from rapid.server.target import TargetSession, reference_decode
 from rapid.tiny import EOS_ID
 

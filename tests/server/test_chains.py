@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from rapid.acceptance import Verdict
+from rapid.core.acceptance import Verdict
+from rapid.core.sampling import SamplingParams
 from rapid.kvcache import StaticKV
-from rapid.sampling import SamplingParams
 from rapid.server.chains import MIN_KEYS, commit, forward_chains, leaf_chains
 from rapid.server.invariance import compare_tree
 from rapid.server.target import TargetSession

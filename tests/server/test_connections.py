@@ -12,9 +12,9 @@ import websockets
 from websockets.asyncio.client import connect
 from websockets.protocol import State
 
+from rapid.core.wire import ErrorFrame, Hello, Ready, Tree, VerdictFrame, decode, encode
 from rapid.runtime.link import FULL_RETRY_S, CloudError, CloudLink
 from rapid.server.connections import ConnectionGate
-from rapid.wire import ErrorFrame, Hello, Ready, Tree, VerdictFrame, decode, encode
 
 
 def metric(cloud, name: str) -> float:

@@ -11,10 +11,10 @@ import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rapid.core.wire import WireError, decode, encode
 from rapid.server.app import VerifierServer
 from rapid.server.background import BackgroundServer
-from rapid.server.sessions import Limits
-from rapid.wire import WireError, decode, encode
+from rapid.server.serve_config import Limits
 
 _spec = importlib.util.spec_from_file_location("fuzz_wire", Path(__file__).parents[2] / "scripts" / "fuzz_wire.py")
 fuzz_wire = importlib.util.module_from_spec(_spec)

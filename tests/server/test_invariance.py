@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
 import rapid.server.target as target_mod
+from rapid.core.sampling import SamplingParams
 from rapid.modeling import Decoder
-from rapid.sampling import SamplingParams
 from rapid.server.invariance import compare_batch, compare_tree, probe
 from rapid.server.main import choose_verify_mode
 from rapid.server.target import TargetSession, reference_decode

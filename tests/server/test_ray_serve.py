@@ -29,19 +29,19 @@ from collections import Counter
 
 import pytest
 
-from rapid.auth import client_ssl_context
+from rapid.core.auth import client_ssl_context
+from rapid.core.sampling import SamplingParams
+from rapid.core.wire import Hello
 from rapid.engines.torch_engine import TorchEngine
 from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
 from rapid.runtime.drafter import Drafter
 from rapid.runtime.link import CloudError, CloudLink
 from rapid.runtime.policies import POLICIES
 from rapid.runtime.tree import TreeParams
-from rapid.sampling import SamplingParams
-from rapid.server.scale_config import ScaleOut, VerifierSpec, replica_of
-from rapid.server.sessions import Limits
+from rapid.server.scale_config import ScaleOut, replica_of
+from rapid.server.serve_config import Limits, VerifierSpec
 from rapid.server.target import reference_decode
 from rapid.tiny import EOS_ID
-from rapid.wire import Hello
 
 TOKEN = "ray-test-token"
 EDGES, MAX_NEW, CUT_AT, PAUSE_AT = 8, 40, 2, 4

@@ -10,11 +10,11 @@ import pytest
 import websockets
 from websockets.asyncio.client import connect
 
-from rapid.sampling import SamplingParams
+from rapid.core.sampling import SamplingParams
+from rapid.core.wire import Bye, ErrorFrame, Hello, Ready, Tree, VerdictFrame, decode, encode
 from rapid.server.app import VerifierServer
 from rapid.server.background import BackgroundServer
 from rapid.server.target import reference_decode
-from rapid.wire import Bye, ErrorFrame, Hello, Ready, Tree, VerdictFrame, decode, encode
 
 
 async def rpc(ws, frame):

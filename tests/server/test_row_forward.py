@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rapid.acceptance import Verdict
+from rapid.core.acceptance import Verdict
+from rapid.core.sampling import SamplingParams
 from rapid.modeling import Decoder
-from rapid.sampling import SamplingParams
 from rapid.server import row_forward, rowops
 from rapid.server.target import TargetSession, reference_decode
 

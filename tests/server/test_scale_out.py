@@ -9,12 +9,13 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from rapid.core.wire import Hello, Tree, encode
 from rapid.server.federate import federate
 from rapid.server.metrics import ServerMetrics
 from rapid.server.ray_scale import SessionsPolicy, desired_replicas
 from rapid.server.scale_config import ScaleOut, replica_of, session_prefix, verifier_options
-from rapid.server.sessions import Limits, SessionTable
-from rapid.wire import Hello, Tree, encode
+from rapid.server.serve_config import Limits
+from rapid.server.sessions import SessionTable
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,19 +15,19 @@ import pytest
 import websockets
 from websockets.asyncio.client import connect
 
-from rapid.auth import (
+from rapid.core.auth import (
     bearer,
     check_authorization,
     check_authorization_headers,
     client_ssl_context,
     load_token,
 )
-from rapid.procs import free_port, start_listening, stop_server
-from rapid.sampling import SamplingParams
+from rapid.core.procs import free_port, start_listening, stop_server
+from rapid.core.sampling import SamplingParams
+from rapid.core.wire import Bye, Hello, Ready, Tree, VerdictFrame, decode, encode
 from rapid.server.app import VerifierServer, serve_forever
 from rapid.server.background import BackgroundServer
 from rapid.server.target import reference_decode
-from rapid.wire import Bye, Hello, Ready, Tree, VerdictFrame, decode, encode
 
 TOKEN = "s3cret-token-\u00e9"
 
@@ -154,7 +154,7 @@ def _self_signed(tmp_path):
 def test_tls_and_token_end_to_end(tmp_path, tiny_pair):
     """wss:// with a self-signed certificate: the edge link decodes exactly; a client that does
     not trust the certificate cannot connect."""
-    from rapid.auth import server_ssl_context
+    from rapid.core.auth import server_ssl_context
     from rapid.engines.torch_engine import TorchEngine
     from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
     from rapid.runtime.drafter import Drafter

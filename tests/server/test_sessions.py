@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rapid.server.sessions import (
-    CONNECTIONS_PER_SESSION,
-    VERDICT_MEMORY,
-    Entry,
-    Limits,
-    SessionTable,
-)
+from rapid.server.serve_config import CONNECTIONS_PER_SESSION, Limits
+from rapid.server.sessions import VERDICT_MEMORY, Entry, SessionTable
 
 
 class Clock:

@@ -9,9 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
-from rapid.errors import RapidError
+from rapid.core.errors import RapidError
+from rapid.core.sampling import SamplingParams
 from rapid.modeling import Decoder
-from rapid.sampling import SamplingParams
 from rapid.server.target import BadTreeError, TargetSession, reference_decode
 from rapid.tiny import VOCAB, build_tiny
 

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
+from rapid.core.sampling import SamplingParams
 from rapid.engines.torch_engine import TorchEngine
 from rapid.runtime.args import budget_arg, tree_params
 from rapid.runtime.coordinator import CoordinatorConfig, assemble
-from rapid.sampling import SamplingParams
 from rapid.server.app import VerifierServer
 from rapid.server.background import BackgroundServer
 from rapid.server.main import measured_flat_nodes, startup_curve

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from rapid.errors import RapidError
+from rapid.core.errors import RapidError
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(?::(\d+))?")
 

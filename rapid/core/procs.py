@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rapid.errors import RapidError
+from rapid.core.errors import RapidError
 
 
 def free_port() -> int:

@@ -21,6 +21,13 @@ import numpy as np
 ROOT = -1
 
 
+def child_with(tokens: Sequence[int], parents: Sequence[int], parent: int, token: int) -> int | None:
+    """The first node whose parent is ``parent`` (-1 = root) and whose token is ``token``, or None:
+    the one walk acceptance, the cloud's sequential verify and the edge's verdict plan share."""
+    return next((j for j, (t, p) in enumerate(zip(tokens, parents, strict=True)) if p == parent and t == token),
+                None)
+
+
 def tree_depths(parents: Sequence[int]) -> list[int]:
     """Depth of every node ``[N]``: 1 for a child of the root, parent's depth + 1 otherwise."""
     depth: list[int] = []

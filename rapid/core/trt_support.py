@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from rapid.errors import RapidError
+from rapid.core.errors import RapidError
 
 # Most tokens one enqueue runs: the prefill profile's max T (export.trt_build) and the TensorRT
 # engine's default chunk (engines.trt_engine). Longer prompts are prefilled in chunks of this

@@ -17,7 +17,7 @@ tree forward of ``curve_nodes[i]`` nodes after the root took ``curve_us[i]`` mic
 arrays like the others: whole microseconds reach 35 min, and a verify is timed to no better than
 that; empty = not measured). The edge's cost-aware depth policy starts from it.
 
-``tokenizer`` is ``rapid.vocab.fingerprint`` of each side's tokenizer ("" = not known); a side
+``tokenizer`` is ``rapid.core.vocab.fingerprint`` of each side's tokenizer ("" = not known); a side
 that knows both refuses a mismatch (``incompatible``).
 
 Log-probabilities. ``Hello.logprobs`` = -1 asks for none, k in 0..``MAX_TOP_LOGPROBS`` for the
@@ -80,7 +80,7 @@ class Hello:
     seed: int = 0
     max_nodes: int = 64
     session: str | None = None  # resume this session id when given
-    tokenizer: str = ""  # rapid.vocab.fingerprint of the edge's tokenizer ("" = not checked)
+    tokenizer: str = ""  # rapid.core.vocab.fingerprint of the edge's tokenizer ("" = not checked)
     logprobs: int = -1  # -1: none; k >= 0: each emitted token's log-probability and its top k
     v: int = PROTOCOL_VERSION
     T = "hello"
@@ -94,7 +94,7 @@ class Ready:
     max_nodes: int
     committed: int
     flat_nodes: int = 0  # tree nodes the cloud verifies at about one step's cost (0 = not measured)
-    tokenizer: str = ""  # rapid.vocab.fingerprint of the target's tokenizer ("" = not known)
+    tokenizer: str = ""  # rapid.core.vocab.fingerprint of the target's tokenizer ("" = not known)
     curve_nodes: list[int] = field(default_factory=list)  # verify curve: tree nodes after the root ...
     curve_us: list[int] = field(default_factory=list)  # ... and the forward's microseconds (same length)
     T = "ready"

@@ -2,7 +2,7 @@
 
 The target forward covers ``[root] + nodes`` (T = 1 + N rows). Row 0 predicts the token after
 the root (the last committed token); row 1 + j predicts the token after node j. With ``pick``
-the target's choice for each row (argmax, or the seeded draw of ``rapid.sampling``):
+the target's choice for each row (argmax, or the seeded draw of ``rapid.core.sampling``):
 
     node j is accepted  ⇔  its parent is accepted (the root always is)  ∧  tokens[j] = pick[row(parent)]
     path  = the deepest accepted chain (it is unique: siblings with equal tokens → first wins)
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rapid.geometry import ROOT
+from rapid.core.geometry import ROOT, child_with
 
 
 @dataclass(slots=True, frozen=True)
@@ -41,7 +41,7 @@ def accept(tokens: Sequence[int], parents: Sequence[int], picks: Sequence[int]) 
     node = ROOT
     while True:
         want = picks[0] if node == ROOT else picks[node + 1]
-        child = next((j for j in range(n) if parents[j] == node and tokens[j] == want), None)
+        child = child_with(tokens, parents, node, want)
         if child is None:
             return Verdict(tuple(path), int(want))
         path.append(child)

@@ -18,11 +18,11 @@ import ssl
 from collections.abc import Sequence
 from pathlib import Path
 
-from rapid.errors import RapidError
-from rapid.logsafe import register_secret
+from rapid.core.errors import RapidError
+from rapid.core.logsafe import register_secret
 
 ENV_VAR = "RAPID_TOKEN"
-log = logging.getLogger("rapid.auth")
+log = logging.getLogger("rapid.core.auth")
 
 
 class AuthConfigError(RapidError):
@@ -31,7 +31,7 @@ class AuthConfigError(RapidError):
 
 def load_token(token_file: str | os.PathLike[str] | None = None, env: str = ENV_VAR) -> str | None:
     """The shared secret from ``token_file`` or ``$RAPID_TOKEN``; None = no auth. The token is
-    registered with ``rapid.logsafe`` so that no log line ever shows it."""
+    registered with ``rapid.core.logsafe`` so that no log line ever shows it."""
     token = _read_token(token_file, env)
     register_secret(token)
     return token

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from rapid.errors import RapidError
+from rapid.core.errors import RapidError
 
 FORMAT = "rapid-draft-export"
 FORMAT_VERSION = 1

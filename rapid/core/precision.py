@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rapid.errors import RapidError
+from rapid.core.errors import RapidError
 
 DTYPES = ("auto", "bfloat16", "float32", "float64")
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86 AVX-512 / AMX, Arm (/proc/cpuinfo names)

@@ -7,7 +7,7 @@ Two layers, both installed by ``setup_logging`` (the CLI's logging set-up):
 - ``RedactSecrets``, a ``logging.Filter`` on the root handlers and on uvicorn's loggers (which have
   handlers of their own), rewrites any record before it is written: the value of an
   ``Authorization`` header, a ``Bearer`` credential, a ``token=`` / ``access_token=`` /
-  ``api_key=`` query parameter, and every secret passed to ``register_secret`` (``rapid.auth``
+  ``api_key=`` query parameter, and every secret passed to ``register_secret`` (``rapid.core.auth``
   registers the token it loads) become ``[redacted]`` — in the message and in a traceback.
 
 Standard library only (the torch-free core).
