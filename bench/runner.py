@@ -46,9 +46,10 @@ from rapid.runtime.args import (
     DEFAULT_WIDTH,
     tree_params,
 )
-from rapid.runtime.coordinator import CoordinatorConfig, assemble, controller_for
+from rapid.runtime.coordinator import CoordinatorConfig, controller_for
 from rapid.runtime.generate import open_edge_model
 from rapid.runtime.policies import get_policy
+from rapid.runtime.session import EdgeSession
 from rapid.runtime.tree import TreeParams
 from rapid.tiny import build_tiny
 
@@ -256,8 +257,8 @@ def _warm_up(cfg: BenchConfig, m: _Matrix, edge, encoded: dict, url: str) -> dic
     # one warm-up per policy whose depth reacts to the baseline (plus the first policy)
     warm = [p for i, p in enumerate(m.policies) if i == 0 or (cfg.carry_controller and p.adaptive_depth)]
     for pol in warm:
-        asyncio.run(assemble(edge.engine, m.tree, edge.stop_ids, url, pol, ccfg, ctrls.get(pol.name))
-                    .generate(first, 8 if cfg.carry_controller else 2, m.sampling))
+        session = EdgeSession(edge, url, policy=pol, tree=m.tree, controller=ctrls.get(pol.name))
+        asyncio.run(session.generate(first, 8 if cfg.carry_controller else 2, m.sampling))
     return ctrls
 
 
@@ -278,10 +279,10 @@ def _peers(cfg: BenchConfig, draft: str, target: str, encoded, cpus: set[int] | 
 
 def _one(out, edge, tree, sampling, cfg, pol, url, ids, load: LoadProcess, sched: Schedule, row_meta,
          controller) -> None:
-    coord = assemble(edge.engine, tree, edge.stop_ids, url, pol, CoordinatorConfig(depth=cfg.depth), controller)
+    session = EdgeSession(edge, url, policy=pol, tree=tree, controller=controller)
     load.start_epoch()
     t0 = time.perf_counter()  # the schedule's epoch on the coordinator's clock
-    gen = asyncio.run(coord.generate(ids, cfg.max_new, sampling))
+    gen = asyncio.run(session.generate(ids, cfg.max_new, sampling))
     load.pause()
     with open(out / "rounds.jsonl", "a", encoding="utf-8") as f:
         for r in gen.records:

@@ -19,8 +19,8 @@ from rapid.core.procs import free_port, split_cores, start_server, stop_server
 from rapid.core.sampling import SamplingParams
 from rapid.export.fast_draft import resolve_draft
 from rapid.runtime.args import tree_params_of
-from rapid.runtime.coordinator import CoordinatorConfig
-from rapid.runtime.generate import encode_prompt, generate_text, open_edge_model
+from rapid.runtime.generate import encode_prompt, open_edge_model
+from rapid.runtime.session import EdgeSession
 from rapid.tiny import build_tiny
 
 PROMPTS: list[tuple[str, str, bool]] = [  # (name, text, chat?)
@@ -60,15 +60,13 @@ def run_demo(args) -> int:
         tree = tree_params_of(args)
         sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
         rows = []
+        spec, alone = EdgeSession(edge, url, policy=args.policy, tree=tree), EdgeSession(edge, url, policy="ar", tree=tree)
         for name, text, chat in PROMPTS[: args.num_prompts]:
             ids = encode_prompt(edge.tokenizer, text, chat)
             print(f"\n=== [{name}] {text.strip()[:70]!r} — policy {args.policy}", flush=True)
-            gen, _ = asyncio.run(generate_text(
-                edge, url, ids, policy=args.policy, max_new=args.max_tokens, sampling=sampling, tree=tree,
-                config=CoordinatorConfig(depth=args.depth), stream=sys.stdout))
+            gen, _ = asyncio.run(spec.generate_text(ids, args.max_tokens, sampling, stream=sys.stdout))
             print(f"\n--- {gen.summary.line()}")
-            ref, _ = asyncio.run(generate_text(edge, url, ids, policy="ar", max_new=args.max_tokens,
-                                               sampling=sampling, tree=tree))
+            ref = asyncio.run(alone.generate(ids, args.max_tokens, sampling))
             rows.append((name, gen, ref, ref.tokens == gen.tokens))
             print(f"--- target alone: {ref.summary.line()}")
             print(f"--- identical: {'yes' if rows[-1][3] else 'NO'}; {args.policy} {gen.summary.tokens_per_s:.2f} tok/s, "

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 from rapid.core.auth import client_ssl_context, load_token
 from rapid.core.sampling import SamplingParams
 from rapid.runtime.args import default_tree
-from rapid.runtime.coordinator import CoordinatorConfig
-from rapid.runtime.generate import encode_prompt, generate_text, open_edge_model
-from rapid.runtime.link import CloudLink
+from rapid.runtime.generate import encode_prompt, open_edge_model
+from rapid.runtime.session import EdgeSession
 from rapid.runtime.telemetry import Summary
 from rapid.runtime.token_scores import TokenScore
 from rapid.runtime.tree import TreeParams
@@ -60,11 +59,11 @@ class Edge:
     def __init__(self, cloud: str, draft: str = "default-draft-int4", *, backend: str = "auto",
                  capacity: int = 2048, threads: int = 1, policy: str = "rapid", tree: TreeParams | None = None,
                  token: str | None = None, cafile: str | None = None) -> None:
-        self.cloud, self.policy = cloud, policy
-        self.tree = tree or default_tree()
-        self.token = token if token is not None else load_token(None)
-        self.ssl = client_ssl_context(cloud, cafile)
+        self.cloud = cloud
         self.model = open_edge_model(draft, backend, capacity, threads)
+        self.session = EdgeSession(self.model, cloud, policy=policy, tree=tree or default_tree(),
+                                   token=token if token is not None else load_token(None),
+                                   ssl=client_ssl_context(cloud, cafile))
         self._lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
     @property
@@ -90,10 +89,7 @@ class Edge:
         if self._lock is None or self._lock[0] is not loop:  # an asyncio.Lock belongs to one loop
             self._lock = (loop, asyncio.Lock())
         async with self._lock[1]:  # one engine: one generation at a time
-            link = CloudLink(self.cloud, token=self.token, ssl=self.ssl, tokenizer=self.model.fingerprint)
-            gen, text = await generate_text(self.model, self.cloud, ids, policy=self.policy, max_new=max_tokens,
-                                            sampling=sampling, tree=self.tree,
-                                            config=CoordinatorConfig(depth=self.tree.depth), stream=_sink, link=link, logprobs=logprobs)
+            gen, text = await self.session.generate_text(ids, max_tokens, sampling, stream=_sink, logprobs=logprobs)
         return Completion(text, gen.tokens, gen.stopped, gen.summary, gen.scores)
 
     async def stream(self, prompt: str | list[int], **kw) -> AsyncIterator[str]:

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from rapid.core.errors import ContextFullError, RapidError
 from rapid.core.sampling import SamplingParams
 from rapid.runtime.args import default_tree
-from rapid.runtime.coordinator import CoordinatorConfig, assemble, controller_for
 from rapid.runtime.edge_metrics import EdgeMetrics
-from rapid.runtime.link import CloudError, CloudLink
+from rapid.runtime.link import CloudError
 from rapid.runtime.openai_logprobs import TokenLogprob
 from rapid.runtime.policies import get_policy
+from rapid.runtime.session import EdgeSession
 from rapid.runtime.text_stream import TextStream
 from rapid.runtime.tree import TreeParams
 
@@ -121,9 +121,9 @@ class EdgeService:
         self.link_options = link_options or {}
         self.metrics = EdgeMetrics()
         self._pool: asyncio.Queue | None = None
-        # one depth controller per engine, kept across requests: its latency baseline is the
-        # device's, so contention that started before a request is still seen as contention
-        self._controllers: dict[int, object] = {}
+        # one session per engine: its depth controller is kept across requests (rapid.runtime.session)
+        self.sessions = {id(e): EdgeSession(e, cloud, policy=self.policy, tree=self.tree, token=token, ssl=ssl,
+                                            link_options=self.link_options) for e in edges}
         self._health: tuple[float, str | None] | None = None  # (checked at, problem) for /health
 
     async def cloud_problem(self) -> str | None:
@@ -166,7 +166,8 @@ class EdgeService:
         finally:
             self.metrics.waiting.dec()
         self.metrics.active.inc()
-        link = CloudLink(self.cloud, token=self.token, ssl=self.ssl, tokenizer=edge.fingerprint, **self.link_options)
+        session = self.sessions[id(edge)]
+        link = session.link()
         stream = TextStream(self.tokenizer, req.stop, res.pieces,
                             lambda: self.metrics.ttft.observe(time.perf_counter() - t_start))
 
@@ -180,14 +181,11 @@ class EdgeService:
                 raise _Abort
 
         try:
-            cfg = CoordinatorConfig(depth=self.tree.depth)
-            ctrl = self._controllers.setdefault(id(edge), controller_for(self.policy, cfg))
-            coord = assemble(edge.engine, self.tree, edge.stop_ids, link, self.policy, cfg, ctrl)
             sampling = SamplingParams(req.temperature, req.top_p, req.top_k, req.seed)
             max_new = req.max_tokens or default_max_tokens(edge.engine.info.capacity, len(req.prompt_ids), self.tree)
             try:  # no max_tokens: until EOS or min(edge, cloud) context (the cloud's from its Ready)
-                gen = await coord.generate(req.prompt_ids, max_new, sampling, on_tokens, logprobs=req.logprobs,
-                                           fit_cloud=req.max_tokens is None, on_scores=stream.scored.extend)
+                gen = await session.generate(req.prompt_ids, max_new, sampling, on_tokens, logprobs=req.logprobs,
+                                             fit_cloud=req.max_tokens is None, on_scores=stream.scored.extend, link=link)
             except _Abort:
                 pass
             else:
@@ -202,14 +200,11 @@ class EdgeService:
         except Exception as e:  # noqa: BLE001 — reported to the client, the daemon stays up
             log.exception("generation failed")
             res.error = f"{type(e).__name__}: {e}"
-        finally:
-            try:
-                await link.close()  # Bye: the cloud frees the session's KV now
-            finally:
-                pool.put_nowait(edge)
-                self.metrics.active.dec()
-                res.text = stream.text_sent if res.finish_reason in ("stop", "abandoned") else stream.full
-                res.logprobs = stream.logprobs
-                self.metrics.tokens.inc(res.completion_tokens)
-                self.metrics.e2e.observe(time.perf_counter() - t_start)
-                res.pieces.put_nowait(None)
+        finally:  # the session has closed its link (Bye: the cloud frees the KV now)
+            pool.put_nowait(edge)
+            self.metrics.active.dec()
+            res.text = stream.text_sent if res.finish_reason in ("stop", "abandoned") else stream.full
+            res.logprobs = stream.logprobs
+            self.metrics.tokens.inc(res.completion_tokens)
+            self.metrics.e2e.observe(time.perf_counter() - t_start)
+            res.pieces.put_nowait(None)

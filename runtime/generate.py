@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,11 +16,8 @@ from rapid.engines.select import open_engine, share_engine
 from rapid.export.fast_draft import FAST_DRAFT, resolve_draft
 from rapid.models import load_tokenizer
 from rapid.runtime.args import tree_params_of
-from rapid.runtime.coordinator import CoordinatorConfig, Generation, assemble
-from rapid.runtime.detok import Detokenizer
-from rapid.runtime.link import CloudLink
+from rapid.runtime.session import EdgeSession
 from rapid.runtime.telemetry import write_jsonl
-from rapid.runtime.tree import TreeParams
 
 log = logging.getLogger("rapid.edge")
 
@@ -72,53 +68,14 @@ def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> list[int]:
     return list(tokenizer(prompt)["input_ids"])
 
 
-async def generate_text(edge: EdgeModel, cloud: str, prompt_ids: list[int], *, policy: str = "rapid",
-                        max_new: int = 64, sampling: SamplingParams | None = None,
-                        tree: TreeParams | None = None, config: CoordinatorConfig | None = None,
-                        stream=None, link: CloudLink | None = None,
-                        on_tokens: Callable[[list[int]], None] | None = None,
-                        logprobs: int = -1) -> tuple[Generation, str]:
-    """Run one generation; write streamed text to ``stream`` (a file) if given; ``on_tokens``
-    sees every batch of newly committed token ids; ``logprobs`` >= 0 fills ``Generation.scores``
-    with the target's log-probability of each token and its top ``logprobs`` alternatives."""
-    sampling = sampling or SamplingParams()
-    tree = tree or TreeParams()
-    link = link or CloudLink(cloud, tokenizer=edge.fingerprint)
-    coord = assemble(edge.engine, tree, edge.stop_ids, link, policy, config)
-    detok = Detokenizer(edge.tokenizer)
-    pieces: list[str] = []
-
-    def on_new(ids: list[int]) -> None:
-        if on_tokens is not None:
-            on_tokens(ids)
-        piece = detok.push(ids)
-        if piece:
-            pieces.append(piece)
-            if stream is not None:
-                stream.write(piece)
-                stream.flush()
-
-    gen = await coord.generate(prompt_ids, max_new, sampling, on_new, logprobs=logprobs)
-    tail = detok.flush()
-    if tail:
-        pieces.append(tail)
-        if stream is not None:
-            stream.write(tail)
-            stream.flush()
-    return gen, "".join(pieces)
-
-
 def run_generate(args) -> int:
     token = load_token(args.token_file)  # before any model loads: a bad token file fails at once
     ssl = client_ssl_context(args.cloud, args.cafile)
     edge = open_edge_model(args.draft, args.engine, args.capacity, args.threads)
     ids = encode_prompt(edge.tokenizer, args.prompt, args.chat)
-    tree = tree_params_of(args)
+    session = EdgeSession(edge, args.cloud, policy=args.policy, tree=tree_params_of(args), token=token, ssl=ssl)
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
-    gen, _ = asyncio.run(generate_text(edge, args.cloud, ids, policy=args.policy, max_new=args.max_tokens,
-                                       sampling=sampling, tree=tree, config=CoordinatorConfig(depth=args.depth),
-                                       stream=sys.stdout,
-                                       link=CloudLink(args.cloud, token=token, ssl=ssl, tokenizer=edge.fingerprint)))
+    gen, _ = asyncio.run(session.generate_text(ids, args.max_tokens, sampling, stream=sys.stdout))
     sys.stdout.write("\n")
     sys.stdout.flush()
     if args.trace:

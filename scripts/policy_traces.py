@@ -21,9 +21,9 @@ from pathlib import Path
 
 from rapid import models
 from rapid.core.procs import free_port, start_server, stop_server
-from rapid.runtime.coordinator import CoordinatorConfig
-from rapid.runtime.generate import encode_prompt, generate_text, open_edge_model
+from rapid.runtime.generate import encode_prompt, open_edge_model
 from rapid.runtime.policies import POLICIES
+from rapid.runtime.session import EdgeSession
 from rapid.runtime.telemetry import write_jsonl
 from rapid.runtime.tree import TreeParams
 
@@ -74,9 +74,8 @@ def main() -> int:
                     p.start()
                     load.append(p)
 
-            gen, _ = asyncio.run(generate_text(edge, url, ids, policy=name, max_new=args.max_tokens, tree=tree,
-                                               config=CoordinatorConfig(depth=args.depth), stream=None,
-                                               on_tokens=on_tokens))
+            session = EdgeSession(edge, url, policy=name, tree=tree)
+            gen = asyncio.run(session.generate(ids, args.max_tokens, on_tokens=on_tokens))
             for p in load:
                 p.terminate()
             if reference is None:
