@@ -25,8 +25,8 @@ tile or thread count can change them. A tree with holes needs no chain layout he
 lists its own ancestors.
 
 Activations are float32 throughout; weights stay in the model dtype (bf16 weights are read as
-bf16 and widened exactly, or fed to VDPBF16PS with the activations rounded to bf16 where the
-kernels run the ``avx512bf16`` ISA). This is the target's arithmetic on every path that uses
+bf16 and widened exactly, or fed to VDPBF16PS / AMX tiles with the activations rounded to bf16
+where the kernels run the ``avx512bf16`` / ``amx`` ISA). This is the target's arithmetic on every path that uses
 it — tree verify, ``reference_decode``, prefill — so the target alone and a speculative run
 emit the same tokens whatever the machine; two machines (two ISAs) may differ from each other.
 """

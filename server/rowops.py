@@ -7,7 +7,7 @@ padding keys or threads — is written in ``server/kernels/rowops_impl.h``.
 
 The library is built by ``scripts/setup.sh`` (CMake, next to the KV kernels) and searched in
 the same folders as those (``rapid.engines.native.search_dirs``). The ISA is chosen once per
-process: ``$RAPID_ROW_ISA`` (``avx512bf16``, ``avx512``, ``avx2``, ``generic``) or the best this CPU runs;
+process: ``$RAPID_ROW_ISA`` (``amx``, ``avx512bf16``, ``avx512``, ``avx2``, ``generic``) or the best this CPU runs;
 :func:`select` switches it (tests compare every ISA the machine has).
 """
 

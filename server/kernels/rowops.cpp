@@ -10,13 +10,36 @@
 
 #include "rowops_table.h"
 
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #define API extern "C" __attribute__((visibility("default")))
 
 namespace {
 
+// Linux hands a process the AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA); a kernel or VM that refuses it leaves AMX off and avx512bf16 in use.
+constexpr const char* ISAS[] = {"amx", "avx512bf16", "avx512", "avx2", "generic"};  // best first
+
+bool amx_permitted() {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    static const bool ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    return ok;
+#else
+    return false;
+#endif
+}
+
 bool runs(const char* isa) {
 #if defined(ROWOPS_X86)
     __builtin_cpu_init();  // g_ops is picked by a static initializer, maybe before libgcc's own
+#if defined(ROWOPS_AMX_BUILT)
+    if (!std::strcmp(isa, "amx"))
+        return __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
+               __builtin_cpu_supports("avx512bf16") && amx_permitted();
+#endif
     if (!std::strcmp(isa, "avx512bf16")) return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
     if (!std::strcmp(isa, "avx512")) return __builtin_cpu_supports("avx512f");
     if (!std::strcmp(isa, "avx2")) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -26,6 +49,9 @@ bool runs(const char* isa) {
 
 RowOpsTable table_of(const char* isa) {
 #if defined(ROWOPS_X86)
+#if defined(ROWOPS_AMX_BUILT)
+    if (!std::strcmp(isa, "amx")) return rowops_table_amx();
+#endif
     if (!std::strcmp(isa, "avx512bf16")) return rowops_table_avx512bf16();
     if (!std::strcmp(isa, "avx512")) return rowops_table_avx512();
     if (!std::strcmp(isa, "avx2")) return rowops_table_avx2();
@@ -37,7 +63,7 @@ RowOpsTable table_of(const char* isa) {
 RowOpsTable pick() {
     const char* env = std::getenv("RAPID_ROW_ISA");
     if (env && *env && runs(env)) return table_of(env);
-    for (const char* isa : {"avx512bf16", "avx512", "avx2", "generic"})
+    for (const char* isa : ISAS)
         if (runs(isa)) return table_of(isa);
     return rowops_table_generic();
 }
@@ -52,7 +78,7 @@ API const char* rapid_rowops_isa(void) { return g_ops.name; }
 
 API const char* rapid_rowops_available(void) {
     g_available.clear();
-    for (const char* isa : {"avx512bf16", "avx512", "avx2", "generic"})
+    for (const char* isa : ISAS)
         if (runs(isa)) g_available += (g_available.empty() ? "" : ",") + std::string(isa);
     return g_available.c_str();
 }

@@ -5,7 +5,7 @@
  *
  * Tensors are C-contiguous fp32 unless named otherwise; weights are [N, K] (PyTorch's
  * nn.Linear layout) in fp32 (wdtype 0) or bf16 bits (wdtype 1); KV entries likewise.
- * The ISA is chosen once (AVX-512 with BF16 dot products, AVX-512F, AVX2+FMA, generic C++; $RAPID_ROW_ISA or
+ * The ISA is chosen once (AMX tiles, AVX-512 with BF16 dot products, AVX-512F, AVX2+FMA, generic C++; $RAPID_ROW_ISA or
  * rapid_rowops_select to force one); each ISA is a separate, self-consistent arithmetic.
  * Every entry point returns 0, or RAPID_ROWOPS_ERR_ARG for a bad argument (nothing written).
  */

@@ -51,7 +51,10 @@
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
-#if defined(__AVX512BF16__)
+#if defined(ROWOPS_AMX)
+#define ROWOPS_DPBF16 1
+namespace rowops_amx {
+#elif defined(__AVX512BF16__)
 #define ROWOPS_DPBF16 1
 namespace rowops_avx512bf16 {
 #else
@@ -340,8 +343,137 @@ static void linear_dp(const float* x, int64_t M, int64_t K, const uint16_t* wp, 
 
 static int64_t packed_size_bf16(int64_t N, int64_t K) { return (N + VW - 1) / VW * VW * ((K + 1) / 2) * 2; }
 static void pack_bf16(const uint16_t* w, int64_t N, int64_t K, uint16_t* out) { pack_dp(w, N, K, out); }
+#if defined(ROWOPS_AMX)
+// AMX (TDPBF16PS): C[m][n] += sum over the 16 k pairs of one tile of x[m][2k..2k+1] . w[n][2k..2k+1],
+// tiles in increasing k. Intel defines every element of C by that sum over k alone (SDM, TDPBF16PS
+// pseudocode: a loop over the rows m of the destination, each row from row m of A and all of B), so
+// no other row can enter it: rows are padded to 16 with zeros and the same tile shape serves every
+// M. The packed weights are pack_dp's layout: for one block of 16 columns, 16 consecutive k pairs
+// are 16 rows of 64 bytes, one B tile. x is rounded to bf16 once (bf16_rne), as on avx512bf16.
+// K a multiple of 32 only (every linear of the supported targets); else the VDPBF16PS path, chosen
+// by K alone, so one linear runs one arithmetic whatever M is.
+struct alignas(64) AmxConfig {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+};
+
+static void amx_configure() {  // every tile 16 rows x 64 bytes: C 16 x 16 fp32, A 16 x 32 bf16, B 16 pairs x 16
+    AmxConfig c;
+    for (int t = 0; t < 8; ++t) { c.rows[t] = 16; c.colsb[t] = 64; }
+    _tile_loadconfig(&c);
+}
+
+// y = C (+ b) for the valid rows and columns of a stored C tile.
+static inline void amx_store(const float (&c)[16][16], const float* b, float* y, int64_t rows, int64_t N, int64_t n0) {
+    const int64_t valid = N - n0 < VW ? N - n0 : VW;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t l = 0; l < valid; ++l) y[r * N + n0 + l] = b ? c[r][l] + b[n0 + l] : c[r][l];
+}
+
+// The B tile AMX_AHEAD tiles further along a column block's stream (1 KB each, contiguous).
+#ifndef AMX_AHEAD
+#define AMX_AHEAD 4
+#endif
+static inline void amx_prefetch(const uint16_t* tile) {
+    const char* p = reinterpret_cast<const char*>(tile) + AMX_AHEAD * 1024;
+#pragma GCC unroll 16
+    for (int l = 0; l < 16; ++l) _mm_prefetch(p + 64 * l, _MM_HINT_T0);
+}
+
+// Up to 16 rows x CB (1 or 4) column blocks: tmm0-3 = C, tmm4 = A, tmm5/tmm6 = B.
+template <int CB>
+static void amx_rows16(const uint16_t* xb, int64_t kp, const uint16_t* wp, const float* b, float* y, int64_t rows,
+                       int64_t N, int64_t nb0) {
+    _tile_zero(0);
+    if constexpr (CB == 4) { _tile_zero(1); _tile_zero(2); _tile_zero(3); }
+    const int64_t lda = 4 * kp;  // bytes per row of xb
+    for (int64_t p = 0; p < kp; p += 16) {
+        _tile_loadd(4, xb + 2 * p, lda);
+        amx_prefetch(wp + ((nb0 + 0) * kp + p) * VW * 2);
+        _tile_loadd(5, wp + ((nb0 + 0) * kp + p) * VW * 2, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        if constexpr (CB == 4) {
+            amx_prefetch(wp + ((nb0 + 1) * kp + p) * VW * 2);
+            amx_prefetch(wp + ((nb0 + 2) * kp + p) * VW * 2);
+            amx_prefetch(wp + ((nb0 + 3) * kp + p) * VW * 2);
+            _tile_loadd(6, wp + ((nb0 + 1) * kp + p) * VW * 2, 64);
+            _tile_dpbf16ps(1, 4, 6);
+            _tile_loadd(5, wp + ((nb0 + 2) * kp + p) * VW * 2, 64);
+            _tile_dpbf16ps(2, 4, 5);
+            _tile_loadd(6, wp + ((nb0 + 3) * kp + p) * VW * 2, 64);
+            _tile_dpbf16ps(3, 4, 6);
+        }
+    }
+    alignas(64) float c[4][16][16];
+    _tile_stored(0, c[0], 64);
+    if constexpr (CB == 4) { _tile_stored(1, c[1], 64); _tile_stored(2, c[2], 64); _tile_stored(3, c[3], 64); }
+    for (int cb = 0; cb < CB; ++cb) amx_store(c[cb], b, y, rows, N, (nb0 + cb) * VW);
+}
+
+// 17-32 rows (two A tiles) x CB (1 or 2) column blocks, so the weights pass once for up to 32
+// rows: tmm0-3 = C (row group g, block cb at 2g + cb), tmm4/tmm5 = A, tmm6/tmm7 = B.
+template <int CB>
+static void amx_rows32(const uint16_t* xb, int64_t kp, const uint16_t* wp, const float* b, float* y, int64_t rows,
+                       int64_t N, int64_t nb0) {
+    _tile_zero(0); _tile_zero(2);
+    if constexpr (CB == 2) { _tile_zero(1); _tile_zero(3); }
+    const int64_t lda = 4 * kp;
+    for (int64_t p = 0; p < kp; p += 16) {
+        _tile_loadd(4, xb + 2 * p, lda);
+        _tile_loadd(5, xb + 16 * 2 * kp + 2 * p, lda);
+        amx_prefetch(wp + ((nb0 + 0) * kp + p) * VW * 2);
+        _tile_loadd(6, wp + ((nb0 + 0) * kp + p) * VW * 2, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(2, 5, 6);
+        if constexpr (CB == 2) {
+            amx_prefetch(wp + ((nb0 + 1) * kp + p) * VW * 2);
+            _tile_loadd(7, wp + ((nb0 + 1) * kp + p) * VW * 2, 64);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    alignas(64) float c[4][16][16];
+    _tile_stored(0, c[0], 64); _tile_stored(2, c[2], 64);
+    if constexpr (CB == 2) { _tile_stored(1, c[1], 64); _tile_stored(3, c[3], 64); }
+    for (int cb = 0; cb < CB; ++cb) {
+        amx_store(c[cb], b, y, 16, N, (nb0 + cb) * VW);
+        amx_store(c[2 + cb], b, y + 16 * N, rows - 16, N, (nb0 + cb) * VW);
+    }
+}
+
+static void linear_amx(const float* x, int64_t M, int64_t K, const uint16_t* wp, int64_t N, const float* b, float* y,
+                       int64_t nb_begin, int64_t nb_end) {
+    const int64_t kp = K / 2, chunks = (M + 31) / 32;
+    std::vector<uint16_t> xb(size_t(chunks * 32 * K), 0);  // rows padded with zeros to whole tiles
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t k = 0; k < K; ++k) xb[m * K + k] = bf16_rne(x[m * K + k]);
+    amx_configure();
+    for (int64_t g = 0; g < chunks; ++g) {  // 32 rows at a time; a chunk of <= 16 rows uses one A tile
+        const uint16_t* xg = xb.data() + g * 32 * K;
+        const int64_t rows = M - 32 * g < 32 ? M - 32 * g : 32;
+        float* yg = y + g * 32 * N;
+        int64_t nb = nb_begin;
+        if (rows <= 16) {
+            for (; nb + 4 <= nb_end; nb += 4) amx_rows16<4>(xg, kp, wp, b, yg, rows, N, nb);
+            for (; nb < nb_end; ++nb) amx_rows16<1>(xg, kp, wp, b, yg, rows, N, nb);
+        } else {
+            for (; nb + 2 <= nb_end; nb += 2) amx_rows32<2>(xg, kp, wp, b, yg, rows, N, nb);
+            for (; nb < nb_end; ++nb) amx_rows32<1>(xg, kp, wp, b, yg, rows, N, nb);
+        }
+    }
+    _tile_release();
+}
+
+static void linear_bf16(const float* x, int64_t M, int64_t K, const uint16_t* wp, int64_t N, const float* b, float* y,
+                        int64_t nb0, int64_t nb1) {
+    if (K % 32 == 0) linear_amx(x, M, K, wp, N, b, y, nb0, nb1);
+    else linear_dp(x, M, K, wp, N, b, y, nb0, nb1);
+}
+#else
 static void linear_bf16(const float* x, int64_t M, int64_t K, const uint16_t* wp, int64_t N, const float* b, float* y,
                         int64_t nb0, int64_t nb1) { linear_dp(x, M, K, wp, N, b, y, nb0, nb1); }
+#endif
 #else
 static int64_t packed_size_bf16(int64_t N, int64_t K) { return (N + VW - 1) / VW * VW * K; }
 static void pack_bf16(const uint16_t* w, int64_t N, int64_t K, uint16_t* out) { pack<uint16_t>(w, N, K, out); }

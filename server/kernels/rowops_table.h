@@ -39,4 +39,7 @@ RowOpsTable rowops_table_generic();
 RowOpsTable rowops_table_avx2();
 RowOpsTable rowops_table_avx512();
 RowOpsTable rowops_table_avx512bf16();
+#if defined(ROWOPS_AMX_BUILT)
+RowOpsTable rowops_table_amx();
+#endif
 #endif
