@@ -371,9 +371,10 @@ static inline void amx_store(const float (&c)[16][16], const float* b, float* y,
         for (int64_t l = 0; l < valid; ++l) y[r * N + n0 + l] = b ? c[r][l] + b[n0 + l] : c[r][l];
 }
 
-// The B tile AMX_AHEAD tiles further along a column block's stream (1 KB each, contiguous).
+// The B tile AMX_AHEAD tiles further along a column block's stream (1 KB each, contiguous): 1-3 ran
+// alike on the Xeon with AMX (M = 1: 18 GB/s, the VDPBF16PS kernel's speed), 4 and past it slower.
 #ifndef AMX_AHEAD
-#define AMX_AHEAD 4
+#define AMX_AHEAD 2
 #endif
 static inline void amx_prefetch(const uint16_t* tile) {
     const char* p = reinterpret_cast<const char*>(tile) + AMX_AHEAD * 1024;
