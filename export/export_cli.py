@@ -10,9 +10,9 @@ from pathlib import Path
 
 from rapid.core.errors import RapidError
 from rapid.core.manifest import ONNX_FILE
+from rapid.core.optional import import_optional
 from rapid.export.onnx_export import export_onnx
 from rapid.export.quantize import SCHEMES, QuantConfig, QuantizeError, quantize_export
-from rapid.export.trt_build import build_trt
 
 
 def load_export_tokenizer(out: Path):
@@ -87,7 +87,7 @@ def run_from_args(args: argparse.Namespace) -> int:
               f"max|Δlogit| {q['max_abs_diff_vs_fp32']:.3g}")
     if getattr(args, "trt", False):
         try:
-            entry = build_trt(out / ONNX_FILE, out, fp16=args.dtype == "fp16", max_context=args.max_context,
+            entry = import_optional("rapid.export.trt_build", "tensorrt").build_trt(out / ONNX_FILE, out, fp16=args.dtype == "fp16", max_context=args.max_context,
                               max_tree=args.max_tree)
         except RapidError as e:
             print(f"error: TensorRT build: {e}", file=sys.stderr)

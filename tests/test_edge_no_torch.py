@@ -1,9 +1,10 @@
 """The edge runs without torch: every edge-side module imports, and ``rapid edge --help`` and
-``rapid doctor`` work, in a subprocess where torch cannot be imported.
+``rapid doctor`` work, in a subprocess where torch (and onnx, the exporter's: ``.[edge]`` has
+neither) cannot be imported.
 
-The blocker makes torch look absent the way a torch-free install does: ``import torch`` fails
+The blocker makes them look absent the way a torch-free install does: ``import torch`` fails
 and ``importlib.util.find_spec("torch")`` (what transformers asks) answers None; a
-``sys.meta_path`` finder refuses every ``torch.*`` submodule. The real install of ``.[edge]`` in
+``sys.meta_path`` finder refuses every ``torch.*`` / ``onnx.*`` submodule. The real install of ``.[edge]`` in
 a fresh virtualenv is ``scripts/edge_check.sh`` (run by ``scripts/test.sh``).
 """
 
@@ -19,14 +20,15 @@ BLOCKER = '''
 import sys
 
 class _NoTorch:
-    """A meta-path finder that refuses torch and its submodules."""
+    """A meta-path finder that refuses torch, onnx and their submodules (onnxruntime stays)."""
     def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
-            raise ModuleNotFoundError(f"No module named {name!r} (blocked: the edge has no torch)", name=name)
+        if name.split(".")[0] in ("torch", "onnx"):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked: the edge has no {name})", name=name)
         return None
 
 sys.meta_path.insert(0, _NoTorch())
 sys.modules["torch"] = None  # `import torch` fails; importlib.util.find_spec("torch") is None
+sys.modules["onnx"] = None
 '''
 EDGE_MODULES = [
     "rapid", "rapid.cli", "rapid.doctor", "rapid.models",
