@@ -23,6 +23,7 @@ from rapid.core.errors import ContextFullError, RapidError
 from rapid.core.sampling import SamplingParams
 from rapid.runtime.args import default_tree
 from rapid.runtime.edge_metrics import EdgeMetrics
+from rapid.runtime.generate import encode_messages, encode_prompt
 from rapid.runtime.link import CloudError
 from rapid.runtime.openai_logprobs import TokenLogprob
 from rapid.runtime.policies import get_policy
@@ -114,7 +115,7 @@ class EdgeService:
                  ssl=None, model_name: str = "rapid", link_options: dict | None = None) -> None:
         self.edges = edges
         self.tokenizer = edges[0].tokenizer
-        self.cloud, self.token, self.ssl = cloud, token, ssl
+        self.cloud, self.ssl = cloud, ssl  # the probe's; each session holds its own token and TLS
         self.policy = get_policy(policy)
         self.tree = tree or default_tree()  # the edge commands' tree
         self.model_name = model_name
@@ -142,14 +143,10 @@ class EdgeService:
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """``messages``: ``{"role", "content"}`` dicts with text content (validated by the API)."""
-        msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
-        ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return list(ids)
+        return encode_messages(self.tokenizer, [{"role": m["role"], "content": m["content"]} for m in messages])
 
     def encode_text(self, prompt: str) -> list[int]:
-        return list(self.tokenizer(prompt)["input_ids"])
+        return encode_prompt(self.tokenizer, prompt, chat=False)
 
     def start(self, req: Request) -> tuple[Result, asyncio.Event, asyncio.Task]:
         res, abort = Result(), asyncio.Event()

@@ -58,13 +58,19 @@ def open_edge_models(draft: str, engine: str = "auto", capacity: int = 2048, thr
                       for _ in range(n - 1)]
 
 
+def encode_messages(tokenizer: Any, messages: list[dict]) -> list[int]:
+    """``messages`` (``{"role", "content"}`` dicts) in the tokenizer's chat template, ready for
+    the assistant's reply."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
 def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> list[int]:
+    """``prompt`` as one user message (``chat``), else as plain text."""
     if chat:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                            tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return list(ids)
+        return encode_messages(tokenizer, [{"role": "user", "content": prompt}])
     return list(tokenizer(prompt)["input_ids"])
 
 

@@ -19,10 +19,10 @@
 
 namespace {
 
-// Linux hands a process the AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for
-// XFEATURE_XTILEDATA); a kernel or VM that refuses it leaves AMX off and avx512bf16 in use.
 constexpr const char* ISAS[] = {"amx", "avx512bf16", "avx512", "avx2", "generic"};  // best first
 
+// Linux hands a process the AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA); a kernel or VM that refuses it leaves AMX off and avx512bf16 in use.
 bool amx_permitted() {
 #if defined(__linux__) && defined(SYS_arch_prctl)
     static const bool ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;

@@ -330,12 +330,18 @@ static void dp_rows(const uint16_t* xb, int64_t M, int64_t kp, const uint16_t* w
     });
 }
 
+// x [M, K] rounded to bf16 once, rows of ldx >= K elements, zero-padded to ``rows`` >= M rows.
+static std::vector<uint16_t> rows_bf16(const float* x, int64_t M, int64_t K, int64_t ldx, int64_t rows) {
+    std::vector<uint16_t> xb(size_t(rows * ldx), 0);
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t k = 0; k < K; ++k) xb[m * ldx + k] = bf16_rne(x[m * K + k]);
+    return xb;
+}
+
 static void linear_dp(const float* x, int64_t M, int64_t K, const uint16_t* wp, int64_t N, const float* b, float* y,
                       int64_t nb_begin, int64_t nb_end) {
     const int64_t kp = (K + 1) / 2;
-    std::vector<uint16_t> xb(size_t(M * 2 * kp), 0);
-    for (int64_t m = 0; m < M; ++m)
-        for (int64_t k = 0; k < K; ++k) xb[m * 2 * kp + k] = bf16_rne(x[m * K + k]);
+    const std::vector<uint16_t> xb = rows_bf16(x, M, K, 2 * kp, M);
     by_shape(M, nb_begin, nb_end, [&](auto c, auto rmax, int64_t nb) {
         dp_rows<decltype(c)::value, decltype(rmax)::value>(xb.data(), M, kp, wp, b, y, N, nb);
     });
@@ -446,9 +452,7 @@ static void amx_rows32(const uint16_t* xb, int64_t kp, const uint16_t* wp, const
 static void linear_amx(const float* x, int64_t M, int64_t K, const uint16_t* wp, int64_t N, const float* b, float* y,
                        int64_t nb_begin, int64_t nb_end) {
     const int64_t kp = K / 2, chunks = (M + 31) / 32;
-    std::vector<uint16_t> xb(size_t(chunks * 32 * K), 0);  // rows padded with zeros to whole tiles
-    for (int64_t m = 0; m < M; ++m)
-        for (int64_t k = 0; k < K; ++k) xb[m * K + k] = bf16_rne(x[m * K + k]);
+    const std::vector<uint16_t> xb = rows_bf16(x, M, K, K, chunks * 32);  // zero rows up to whole tiles
     amx_configure();
     for (int64_t g = 0; g < chunks; ++g) {  // 32 rows at a time; a chunk of <= 16 rows uses one A tile
         const uint16_t* xg = xb.data() + g * 32 * K;
