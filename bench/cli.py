@@ -12,15 +12,7 @@ from rapid.bench.prompts import default_prompt_dir
 from rapid.bench.report import write_report
 from rapid.bench.runner import BenchConfig, run_bench
 from rapid.bench.sim_report import run_sim_cli
-from rapid.runtime.args import (
-    DEFAULT_BUDGET,
-    DEFAULT_CHILDREN,
-    DEFAULT_DEPTH,
-    DEFAULT_WIDTH,
-    add_coupled_arg,
-    add_growth_args,
-    budget_arg,
-)
+from rapid.runtime.edge_config import add_edge_args
 
 # 4 min on the default pair (2 cores): the sustained-load comparison only, short prompts and outputs
 QUICK = dict(policies="fixed,rapid", sets="c4", n_prompts=1, token_budget=32, max_new=8,
@@ -52,8 +44,9 @@ def bench_parser() -> argparse.ArgumentParser:
                     help="also run HF assisted and prompt-lookup generation on the same prompts "
                          "(rapid.bench.peers; default: only with --vs-ar)")
     ap.add_argument("--no-peers", dest="peers", action="store_const", const=False, help="not even with --vs-ar")
-    ap.add_argument("--draft", default="default-draft-int4",
-                    help="default-draft-int4 (ONNX int4, built once), an export folder or a model spec")
+    add_edge_args(ap, "tree", exclude=("policy",))  # the edge's tree options (rapid.runtime.edge_config)
+    add_edge_args(ap, "draft", exclude=("capacity", "threads"))
+    add_edge_args(ap, "sampling", exclude=("max_tokens", "top_k"))  # --max-tokens below: the preset's
     ap.add_argument("--dtype", default="auto", help="the target's dtype: auto|bfloat16|float32|float64")
     ap.add_argument("--target", default="default-target")
     ap.add_argument("--policies", help="comma list (default fixed,npdg,rapid; also ipdg, caac, rapid-cost, edgellm, ar)")
@@ -69,19 +62,8 @@ def bench_parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, help="repeats per cell (default 3)")
     ap.add_argument("--net", default="auto", choices=["auto", "netem", "transport"],
                     help="real netns+netem link, delay in the transport, or auto (netem if permitted)")
-    ap.add_argument("--depth", type=int, default=DEFAULT_DEPTH)
-    ap.add_argument("--budget", type=budget_arg, default=DEFAULT_BUDGET,
-                    help="tree nodes per round, or auto (the cloud's flat verify size)")
-    ap.add_argument("--topk", type=int, default=DEFAULT_CHILDREN)
-    ap.add_argument("--width", type=int, default=DEFAULT_WIDTH)
-    add_growth_args(ap)
     ap.add_argument("--edge-cpu", type=int, default=0)
     ap.add_argument("--cloud-cpu", type=int, default=1)
-    ap.add_argument("--engine", default="auto", help="torch|onnx|trt|auto (auto: onnx for an export folder)")
-    ap.add_argument("--seed", type=int, default=0, help="the cloud's seed and the sampling seed")
-    ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
-    ap.add_argument("--top-p", type=float, default=1.0, help="sampling top-p")
-    add_coupled_arg(ap)
     ap.add_argument("--load-device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="where the contention load runs (default: the edge engine's device; a GPU edge gets "
                          "a GPU matmul load)")

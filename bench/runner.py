@@ -37,16 +37,8 @@ from rapid.core.precision import choose_dtype, cpu_flags
 from rapid.core.procs import free_port, start_listening, stop_server
 from rapid.core.sampling import SamplingParams
 from rapid.export.fast_draft import resolve_draft
-from rapid.runtime.args import (
-    DEFAULT_BUDGET,
-    DEFAULT_CHILDREN,
-    DEFAULT_DEPTH,
-    DEFAULT_LOOKUP,
-    DEFAULT_MIN_P,
-    DEFAULT_WIDTH,
-    tree_params,
-)
 from rapid.runtime.coordinator import CoordinatorConfig, controller_for
+from rapid.runtime.edge_config import DEFAULT, EdgeConfig
 from rapid.runtime.generate import open_edge_model
 from rapid.runtime.policies import get_policy
 from rapid.runtime.session import EdgeSession
@@ -57,7 +49,7 @@ from rapid.tiny import build_tiny
 @dataclass(slots=True)
 class BenchConfig:
     out: Path
-    draft: str = "default-draft-int4"  # rapid.export.fast_draft
+    draft: str = DEFAULT.draft  # the edge commands' defaults: rapid.runtime.edge_config
     target: str = "default-target"
     dtype: str = "auto"  # the target's (rapid.core.precision)
     policies: list[str] = field(default_factory=lambda: ["fixed", "npdg", "rapid"])
@@ -69,12 +61,12 @@ class BenchConfig:
     schedules: list[str] = field(default_factory=lambda: ["none", "sustained", "burst:4:4"])
     profiles: list[str] = field(default_factory=lambda: ["wan"])
     repeats: int = 3
-    depth: int = DEFAULT_DEPTH
-    budget: int | str = DEFAULT_BUDGET  # or a node count (rapid.runtime.args.tree_params)
-    topk: int = DEFAULT_CHILDREN
-    width: int = DEFAULT_WIDTH
-    lookup: int = DEFAULT_LOOKUP  # prompt-lookup tokens per tree (rapid.runtime.lookup)
-    min_p: float = DEFAULT_MIN_P  # TreeParams.min_p
+    depth: int = DEFAULT.depth
+    budget: int | str = DEFAULT.budget  # or a node count
+    topk: int = DEFAULT.topk
+    width: int = DEFAULT.width
+    lookup: int = DEFAULT.lookup  # prompt-lookup tokens per tree (rapid.runtime.lookup)
+    min_p: float = DEFAULT.min_p  # TreeParams.min_p
     edge_cpu: int = 0
     cloud_cpu: int = 1
     net: str = "auto"  # auto | netem | transport
@@ -189,8 +181,8 @@ class _Matrix:
         return cls([get_policy(p) for p in cfg.policies], [parse_schedule(s) for s in cfg.schedules],
                    [netem.get_profile(p) for p in cfg.profiles], {k: pick(v, cfg.n_prompts) for k, v in sets.items()},
                    cpus, {cfg.edge_cpu} if two else None, {cfg.cloud_cpu} if two else None, _net_mode(cfg),
-                   *_models(cfg), tree_params(cfg.depth, cfg.budget, cfg.topk, cfg.width, cfg.coupled, cfg.lookup,
-                                              cfg.min_p),
+                   *_models(cfg), EdgeConfig(depth=cfg.depth, budget=cfg.budget, topk=cfg.topk, width=cfg.width,
+                                             coupled=cfg.coupled, lookup=cfg.lookup, min_p=cfg.min_p).tree(),
                    SamplingParams(cfg.temperature, cfg.top_p, 0, cfg.seed))
 
 

@@ -26,14 +26,7 @@ from rapid.core.precision import DTYPES
 from rapid.demo import run_demo
 from rapid.doctor import run_doctor
 from rapid.export.export_cli import add_quantize_arguments, run_from_args
-from rapid.export.fast_draft import FAST_DRAFT
-from rapid.runtime.args import (
-    BACKENDS,
-    HelpFormatter,
-    add_cloud_args,
-    add_context_arg,
-    add_tree_args,
-)
+from rapid.runtime.edge_config import HelpFormatter, add_edge_args
 from rapid.runtime.generate import run_generate
 from rapid.server.ray_args import add_scale_out_args, scale_out_options, wants_ray
 from rapid.server.serve_config import ServeConfig, add_serve_args
@@ -68,26 +61,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = _add(sub, "generate", help="generate with edge drafting and cloud verification")
     g.add_argument("prompt")
-    g.add_argument("--draft", default=FAST_DRAFT,
-                   help=f"{FAST_DRAFT} (ONNX, int4 weights; built once), an HF id, local folder, .gguf, export dir, "
-                        "or default-draft (the PyTorch draft)")
-    g.add_argument("--engine", default="auto", choices=BACKENDS, help="draft backend")
-    add_cloud_args(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
-    add_context_arg(g)
     g.add_argument("--trace", help="write per-round telemetry as JSON lines to this file")
-    add_tree_args(g)
+    add_edge_args(g)  # draft, cloud, tree, sampling: rapid.runtime.edge_config
 
     d = _add(sub, "demo", help="serve + generate on built-in prompts; compare with the target alone")
-    d.add_argument("--draft", default=FAST_DRAFT,
-                   help=f"{FAST_DRAFT} (ONNX, int4 weights; built once), an export folder or a model spec")
     d.add_argument("--target", default="default-target")
     d.add_argument("--tiny", action="store_true", help="use tiny random models (no download; for a quick check)")
-    d.add_argument("--engine", default="auto", choices=BACKENDS, help="draft backend (auto: onnx for an export folder)")
     d.add_argument("--num-prompts", type=int, default=3, help="how many built-in prompts to run")
     d.add_argument("--dtype", default="auto", choices=DTYPES,
                    help="the cloud target's dtype (auto: bfloat16 where the CPU has native bf16, else float32)")
-    add_tree_args(d)
+    add_edge_args(d, "draft", "tree", "sampling")
     d.set_defaults(max_tokens=48)
 
     e = _add(sub, "export", help="export a draft model to ONNX (and TensorRT)")

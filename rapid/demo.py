@@ -16,9 +16,8 @@ from pathlib import Path
 
 from rapid import models
 from rapid.core.procs import free_port, split_cores, start_server, stop_server
-from rapid.core.sampling import SamplingParams
 from rapid.export.fast_draft import resolve_draft
-from rapid.runtime.args import tree_params_of
+from rapid.runtime.edge_config import EdgeConfig
 from rapid.runtime.generate import encode_prompt, open_edge_model
 from rapid.runtime.session import EdgeSession
 from rapid.tiny import build_tiny
@@ -43,6 +42,7 @@ def _models(args) -> tuple[str, str]:
 
 def run_demo(args) -> int:
     t_all = time.perf_counter()
+    config = EdgeConfig.of(args)  # a bad option fails before anything loads
     target, draft = _models(args)
     port = free_port()
     log_path = Path(tempfile.gettempdir()) / f"rapid-demo-serve-{port}.log"
@@ -56,9 +56,8 @@ def run_demo(args) -> int:
                         cpus=cores[1] if cores else None)
     url = f"ws://127.0.0.1:{port}"
     try:
-        edge = open_edge_model(draft, args.engine, 2048, args.threads)
-        tree = tree_params_of(args)
-        sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
+        edge = open_edge_model(draft, args.engine, args.capacity, args.threads)
+        tree, sampling = config.tree(), config.sampling()
         rows = []
         spec, alone = EdgeSession(edge, url, policy=args.policy, tree=tree), EdgeSession(edge, url, policy="ar", tree=tree)
         for name, text, chat in PROMPTS[: args.num_prompts]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from rapid.core.auth import client_ssl_context, load_token
 from rapid.core.sampling import SamplingParams
-from rapid.runtime.args import default_tree
+from rapid.runtime.edge_config import DEFAULT
 from rapid.runtime.generate import encode_prompt, open_edge_model
 from rapid.runtime.session import EdgeSession
 from rapid.runtime.telemetry import Summary
@@ -56,12 +56,13 @@ class Edge:
     """See the module docstring. ``token`` (else ``$RAPID_TOKEN``) and ``cafile`` as for
     ``rapid edge``; ``tree`` and ``policy`` as the CLI's ``--depth/--budget/...`` and ``--policy``."""
 
-    def __init__(self, cloud: str, draft: str = "default-draft-int4", *, backend: str = "auto",
-                 capacity: int = 2048, threads: int = 1, policy: str = "rapid", tree: TreeParams | None = None,
+    def __init__(self, cloud: str, draft: str = DEFAULT.draft, *, backend: str = DEFAULT.engine,
+                 capacity: int = DEFAULT.capacity, threads: int = DEFAULT.threads, policy: str = DEFAULT.policy,
+                 tree: TreeParams | None = None,
                  token: str | None = None, cafile: str | None = None) -> None:
         self.cloud = cloud
         self.model = open_edge_model(draft, backend, capacity, threads)
-        self.session = EdgeSession(self.model, cloud, policy=policy, tree=tree or default_tree(),
+        self.session = EdgeSession(self.model, cloud, policy=policy, tree=tree or DEFAULT.tree(),
                                    token=token if token is not None else load_token(None),
                                    ssl=client_ssl_context(cloud, cafile))
         self._lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
@@ -70,15 +71,17 @@ class Edge:
     def tokenizer(self):
         return self.model.tokenizer
 
-    def generate(self, prompt: str | list[int], *, max_tokens: int = 64, chat: bool = False,
-                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+    def generate(self, prompt: str | list[int], *, max_tokens: int = DEFAULT.max_tokens, chat: bool = False,
+                 temperature: float = DEFAULT.temperature, top_p: float = DEFAULT.top_p, top_k: int = DEFAULT.top_k,
+                 seed: int = DEFAULT.seed,
                  logprobs: int = -1) -> Completion:
         """Blocking: the whole completion (not from inside a running event loop: use ``agenerate``)."""
         return asyncio.run(self.agenerate(prompt, max_tokens=max_tokens, chat=chat, temperature=temperature,
                                           top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs))
 
-    async def agenerate(self, prompt: str | list[int], *, max_tokens: int = 64, chat: bool = False,
-                        temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+    async def agenerate(self, prompt: str | list[int], *, max_tokens: int = DEFAULT.max_tokens, chat: bool = False,
+                        temperature: float = DEFAULT.temperature, top_p: float = DEFAULT.top_p,
+                        top_k: int = DEFAULT.top_k, seed: int = DEFAULT.seed,
                         logprobs: int = -1, _sink=None) -> Completion:
         """The whole completion, awaited; ``prompt`` is text (``chat``: wrapped in the chat
         template) or token ids. ``logprobs`` = k >= 0 (at most 20) fills ``Completion.scores``: the

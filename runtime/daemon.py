@@ -36,15 +36,7 @@ import signal
 
 from rapid.core.auth import client_ssl_context, load_token
 from rapid.core.errors import RapidError
-from rapid.export.fast_draft import FAST_DRAFT
-from rapid.runtime.args import (
-    BACKENDS,
-    HelpFormatter,
-    add_cloud_args,
-    add_context_arg,
-    add_tree_args,
-    tree_params_of,
-)
+from rapid.runtime.edge_config import BACKENDS, DEFAULT, EdgeConfig, HelpFormatter, add_edge_args
 from rapid.runtime.engine_pool import EdgeService
 from rapid.runtime.generate import open_edge_models
 from rapid.runtime.openai_api import create_app
@@ -74,16 +66,13 @@ def _server_class():
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rapid edge", description=__doc__, formatter_class=HelpFormatter)
-    ap.add_argument("--draft", help=f"{FAST_DRAFT} (ONNX, int4 weights; built once), an HF id, local folder, .gguf, "
-                                    f"an export folder (rapid export) or default-draft (default: {FAST_DRAFT})")
-    ap.add_argument("--engine", "--backend", dest="engine", default="auto",
+    add_edge_args(ap, exclude=("engine",))  # rapid.runtime.edge_config: draft, cloud, tree, sampling
+    ap.add_argument("--engine", "--backend", dest="engine", default=DEFAULT.engine,
                     help="draft backend: auto|torch|onnx|trt (an export folder here is read as --draft, deprecated)")
-    add_cloud_args(ap)
     ap.add_argument("--host", default=None, help="address of the local OpenAI-compatible API (default 127.0.0.1)")
     ap.add_argument("--port", type=int, default=None, help="port of the local API (default 8000)")
     ap.add_argument("--listen", default=None, help="HOST:PORT, the older spelling of --host/--port")
     ap.add_argument("--parallel", type=int, default=2, help="draft engines = requests generated at once")
-    add_context_arg(ap)
     ap.add_argument("--api-key", default=None,
                     help="require Authorization: Bearer KEY on /v1/* (default: $RAPID_API_KEY, else open); "
                          "/health, /livez, /metrics stay open")
@@ -93,7 +82,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="hard cap on one round's wait for the cloud, re-sends and reconnects included "
                          "(the deadline is 10x the slowest round so far, at least 30 s, at most this)")
     ap.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds to finish requests on SIGTERM")
-    add_tree_args(ap)
     # the sampling flags are the defaults of requests that leave them out; unset: OpenAI's
     # (temperature 1, top_p 1, a random seed when sampling, max_tokens until EOS / context)
     ap.set_defaults(max_tokens=None, temperature=None, top_p=None, top_k=None, seed=None)
@@ -118,7 +106,7 @@ def _source_and_backend(args: argparse.Namespace) -> tuple[str, str]:
             raise RapidError(f"--engine {args.engine!r}: choose from {', '.join(BACKENDS)} (the draft goes in --draft)")
         log.warning("--engine EXPORT_DIR is deprecated: pass the folder as --draft (--engine is the backend)")
         return args.engine, "auto"
-    return args.draft or FAST_DRAFT, args.engine
+    return args.draft, args.engine
 
 
 def _listen_address(args: argparse.Namespace) -> tuple[str, int]:
@@ -143,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("no --token-file / RAPID_TOKEN: connecting to the cloud without a token")
     ssl = client_ssl_context(args.cloud, args.cafile)
     edges = open_edge_models(source, backend, args.capacity, args.threads, max(1, args.parallel))
-    service = EdgeService(edges, args.cloud, policy=args.policy, tree=tree_params_of(args),
+    service = EdgeService(edges, args.cloud, policy=args.policy, tree=EdgeConfig.of(args).tree(),
                           token=token, ssl=ssl, model_name=args.model_name or os.path.basename(source.rstrip("/")),
                           link_options={"retry_timeout": args.retry_timeout,
                                         "verdict_timeout_s": args.verdict_timeout})

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from rapid.core.errors import ContextFullError, RapidError
 from rapid.core.sampling import SamplingParams
-from rapid.runtime.args import default_tree
+from rapid.runtime.edge_config import DEFAULT
 from rapid.runtime.edge_metrics import EdgeMetrics
 from rapid.runtime.generate import encode_messages, encode_prompt
 from rapid.runtime.link import CloudError
@@ -111,13 +111,13 @@ def probe_cloud(url: str, ssl: ssl_mod.SSLContext | None = None, timeout: float 
 class EdgeService:
     """The engine pool, one cloud session per request, stop strings, streaming pieces."""
 
-    def __init__(self, edges: list, cloud: str, *, policy: str = "rapid", tree=None, token: str | None = None,
+    def __init__(self, edges: list, cloud: str, *, policy: str = DEFAULT.policy, tree=None, token: str | None = None,
                  ssl=None, model_name: str = "rapid", link_options: dict | None = None) -> None:
         self.edges = edges
         self.tokenizer = edges[0].tokenizer
         self.cloud, self.ssl = cloud, ssl  # the probe's; each session holds its own token and TLS
         self.policy = get_policy(policy)
-        self.tree = tree or default_tree()  # the edge commands' tree
+        self.tree = tree or DEFAULT.tree()  # the edge commands' tree
         self.model_name = model_name
         self.link_options = link_options or {}
         self.metrics = EdgeMetrics()

@@ -10,12 +10,11 @@ from typing import Any
 
 from rapid.core.auth import client_ssl_context, load_token
 from rapid.core.manifest import is_export_dir
-from rapid.core.sampling import SamplingParams
 from rapid.core.vocab import fingerprint
 from rapid.engines.select import open_engine, share_engine
 from rapid.export.fast_draft import FAST_DRAFT, resolve_draft
 from rapid.models import load_tokenizer
-from rapid.runtime.args import tree_params_of
+from rapid.runtime.edge_config import DEFAULT, EdgeConfig
 from rapid.runtime.session import EdgeSession
 from rapid.runtime.telemetry import write_jsonl
 
@@ -30,7 +29,8 @@ class EdgeModel:
     fingerprint: str = ""  # rapid.core.vocab.fingerprint(tokenizer): checked against the cloud's at Hello
 
 
-def open_edge_model(draft: str, engine: str = "auto", capacity: int = 2048, threads: int = 1) -> EdgeModel:
+def open_edge_model(draft: str = DEFAULT.draft, engine: str = DEFAULT.engine, capacity: int = DEFAULT.capacity,
+                    threads: int = DEFAULT.threads) -> EdgeModel:
     """Load the draft behind the requested backend (``rapid.engines.select``) and its tokenizer;
     ``default-draft-int4`` is the cached int4 ONNX export (``rapid.export.fast_draft``)."""
     if draft == FAST_DRAFT:
@@ -49,8 +49,8 @@ def open_edge_model(draft: str, engine: str = "auto", capacity: int = 2048, thre
     return EdgeModel(eng, tok, tuple(sorted(stop)), fingerprint(tok))
 
 
-def open_edge_models(draft: str, engine: str = "auto", capacity: int = 2048, threads: int = 1,
-                     n: int = 1) -> list[EdgeModel]:
+def open_edge_models(draft: str = DEFAULT.draft, engine: str = DEFAULT.engine, capacity: int = DEFAULT.capacity,
+                     threads: int = DEFAULT.threads, n: int = 1) -> list[EdgeModel]:
     """``n`` edge models over ONE copy of the draft's weights, each with its own KV cache
     (``rapid.engines.select.share_engine``)."""
     first = open_edge_model(draft, engine, capacity, threads)
@@ -75,13 +75,13 @@ def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> list[int]:
 
 
 def run_generate(args) -> int:
-    token = load_token(args.token_file)  # before any model loads: a bad token file fails at once
+    config = EdgeConfig.of(args)  # before any model loads: a bad option or token file fails at once
+    token = load_token(args.token_file)
     ssl = client_ssl_context(args.cloud, args.cafile)
     edge = open_edge_model(args.draft, args.engine, args.capacity, args.threads)
     ids = encode_prompt(edge.tokenizer, args.prompt, args.chat)
-    session = EdgeSession(edge, args.cloud, policy=args.policy, tree=tree_params_of(args), token=token, ssl=ssl)
-    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
-    gen, _ = asyncio.run(session.generate_text(ids, args.max_tokens, sampling, stream=sys.stdout))
+    session = EdgeSession(edge, args.cloud, policy=args.policy, tree=config.tree(), token=token, ssl=ssl)
+    gen, _ = asyncio.run(session.generate_text(ids, args.max_tokens, config.sampling(), stream=sys.stdout))
     sys.stdout.write("\n")
     sys.stdout.flush()
     if args.trace:

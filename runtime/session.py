@@ -1,6 +1,6 @@
 """One edge's way to the cloud: :class:`EdgeSession` — the path every edge request takes.
 
-    session = EdgeSession(model, "ws://cloud:8765", policy="rapid", tree=default_tree(), token=…)
+    session = EdgeSession(model, "ws://cloud:8765", policy="rapid", tree=DEFAULT.tree(), token=…)
     gen = await session.generate(prompt_ids, max_new=64)            # a Generation (tokens, records, …)
     gen, text = await session.generate_text(prompt_ids, 64, stream=sys.stdout)
 
@@ -19,10 +19,10 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from rapid.core.sampling import SamplingParams
-from rapid.runtime.args import default_tree
 from rapid.runtime.coordinator import CoordinatorConfig, Generation, assemble, controller_for
 from rapid.runtime.depth_control import DepthController
 from rapid.runtime.detok import Detokenizer
+from rapid.runtime.edge_config import DEFAULT
 from rapid.runtime.link import CloudLink
 from rapid.runtime.policies import Policy, get_policy
 from rapid.runtime.token_scores import TokenScore
@@ -30,14 +30,14 @@ from rapid.runtime.tree import TreeParams
 
 
 class EdgeSession:
-    def __init__(self, model: Any, cloud: str, *, policy: Policy | str = "rapid", tree: TreeParams | None = None,
+    def __init__(self, model: Any, cloud: str, *, policy: Policy | str = DEFAULT.policy, tree: TreeParams | None = None,
                  token: str | None = None, ssl: Any = None, link_options: dict | None = None,
                  controller: DepthController | None = None) -> None:
         """``model``: an ``EdgeModel`` (engine, tokenizer, stop ids, fingerprint); ``controller``:
         a depth controller to carry (default: a new one for ``policy``, carried from here on)."""
         self.model, self.cloud = model, cloud
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
-        self.tree = tree or default_tree()
+        self.tree = tree or DEFAULT.tree()
         self.token, self.ssl = token, ssl
         self.link_options = link_options or {}
         self.config = CoordinatorConfig(depth=self.tree.depth)

@@ -56,7 +56,7 @@ class TreeParams:
     lookup_branches: int = 2  # distinct continuations per tree
     lookup_p: float = 0.5  # prior P(lookup token right), learnt per request (rapid.runtime.lookup.LookupStats)
     min_p: float = 0.0  # send no node whose path probability exp(score) is below this (the best one always;
-    # the commands' default is rapid.runtime.args.DEFAULT_MIN_P)
+    # the commands' default is rapid.runtime.edge_config.DEFAULT.min_p)
 
     @property
     def floor(self) -> float:

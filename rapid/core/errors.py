@@ -9,3 +9,7 @@ class RapidError(Exception):
 
 class ContextFullError(RapidError):
     """The KV cache has no room for the requested entries."""
+
+
+class OptionError(RapidError, ValueError):
+    """An option's value is outside its range; the message names the option and the rule."""

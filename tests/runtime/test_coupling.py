@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from rapid.bench.cli import bench_parser
 from rapid.core import sampling
 from rapid.core.sampling import SamplingParams, filtered_logits, noisy_scores, pick_tokens
-from rapid.runtime.args import add_tree_args, tree_params_of
 from rapid.runtime.coupling import coupled_top
+from rapid.runtime.edge_config import EdgeConfig, add_edge_args
 
 params_st = st.builds(SamplingParams, temperature=st.sampled_from([0.3, 0.7, 1.0, 1.7]),
                       top_p=st.sampled_from([1.0, 0.95, 0.8, 0.3]), top_k=st.sampled_from([0, 1, 3, 20]),
@@ -68,10 +68,10 @@ def test_greedy_and_bad_tau_are_refused():
 
 def test_opt_out_reaches_tree_params_and_the_bench():
     ap = argparse.ArgumentParser()
-    add_tree_args(ap)
-    assert tree_params_of(ap.parse_args([])).coupled is True
-    assert tree_params_of(ap.parse_args(["--no-coupled"])).coupled is False
-    assert tree_params_of(ap.parse_args(["--no-coupled", "--budget", "9"])).budget == 9
+    add_edge_args(ap, "tree")
+    assert EdgeConfig.of(ap.parse_args([])).tree().coupled is True
+    assert EdgeConfig.of(ap.parse_args(["--no-coupled"])).tree().coupled is False
+    assert EdgeConfig.of(ap.parse_args(["--no-coupled", "--budget", "9"])).tree().budget == 9
     a = bench_parser().parse_args(["--temperature", "0.7", "--top-p", "0.8", "--no-coupled"])
     assert (a.temperature, a.top_p, a.coupled) == (0.7, 0.8, False)
     assert bench_parser().parse_args([]).coupled is True

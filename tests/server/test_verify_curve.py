@@ -8,8 +8,8 @@ import pytest
 
 from rapid.core.sampling import SamplingParams
 from rapid.engines.torch_engine import TorchEngine
-from rapid.runtime.args import budget_arg, tree_params
 from rapid.runtime.coordinator import CoordinatorConfig, assemble
+from rapid.runtime.edge_config import EdgeConfig, budget_arg
 from rapid.server.app import VerifierServer
 from rapid.server.background import BackgroundServer
 from rapid.server.main import measured_flat_nodes, startup_curve
@@ -60,13 +60,13 @@ def test_budget_argument():
     for bad in ("0", "-3", "many"):
         with pytest.raises(Exception, match="budget"):
             budget_arg(bad)
-    auto = tree_params(4, "auto", 2, 2)
+    auto = EdgeConfig(budget="auto").tree()
     assert auto.auto_budget and auto.for_cloud(64, 14).budget == 14
     assert auto.for_cloud(64, 3).budget == 11  # the floor: one 12-row tile; min_p trims unlikely nodes
     assert auto.for_cloud(64, 0).budget == 11  # no curve from the cloud: the floor
     assert auto.for_cloud(64, 500).budget == 64  # the cap
     assert auto.for_cloud(3, 5).budget == 3  # never above the cloud's limit
-    assert tree_params(4, 6, 2, 2).for_cloud(64, 20).budget == 6  # an explicit budget is kept
+    assert EdgeConfig(budget=6).tree().for_cloud(64, 20).budget == 6  # an explicit budget is kept
 
 
 def _auto_run(tiny_pair, capacity: int, prompt: list[int], max_new: int):
@@ -75,7 +75,7 @@ def _auto_run(tiny_pair, capacity: int, prompt: list[int], max_new: int):
     target, drafts = tiny_pair
     server = BackgroundServer(VerifierServer(target, flat_nodes=14))
     try:
-        coord = assemble(TorchEngine(drafts["same"], capacity=capacity), tree_params(4, "auto", 2, 2, min_p=0.0),
+        coord = assemble(TorchEngine(drafts["same"], capacity=capacity), EdgeConfig(budget="auto", min_p=0.0).tree(),
                          (EOS_ID,),
                          server.url, "rapid", CoordinatorConfig(depth=4))
         gen = asyncio.run(coord.generate(prompt, max_new, SamplingParams()))
