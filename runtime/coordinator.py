@@ -31,20 +31,20 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from rapid.core.acceptance import finish
-from rapid.core.errors import ContextFullError
 from rapid.core.sampling import SamplingParams
-from rapid.core.wire import Hello, Ready
+from rapid.core.wire import Hello
 from rapid.engines.base import DraftEngine
+from rapid.runtime.budget import settle_cloud, settle_draft
 from rapid.runtime.caac import CAAC, CAACConfig, FixedDepth
 from rapid.runtime.cost_caac import CostAwareCAAC
 from rapid.runtime.cost_model import CostConfig
 from rapid.runtime.depth_control import CAACDecision, DepthController
 from rapid.runtime.drafter import Drafter
-from rapid.runtime.link import CloudError, CloudLink
+from rapid.runtime.link import CloudLink
 from rapid.runtime.policies import Policy, get_policy
 from rapid.runtime.telemetry import RoundRecord, Summary, summarize
 from rapid.runtime.token_scores import TokenScore, verdict_scores
@@ -161,37 +161,6 @@ class Coordinator:
         if cancelled:
             raise asyncio.CancelledError
 
-    def _check_room(self, prompt: Sequence[int], max_new: int) -> None:
-        """The request must fit the draft's context (tree slots included) before anything starts."""
-        d = self.drafter
-        if d.params.auto_budget:  # auto: the cap also fits the draft's context
-            room = (d.engine.info.capacity - len(prompt) - max_new - 32) // 4
-            d.params = replace(d.params, budget=max(1, min(d.params.budget, room)))
-        need = len(prompt) + max_new + 4 * d.params.budget + 32
-        if need > d.engine.info.capacity:
-            raise ContextFullError(f"prompt ({len(prompt)}) + max tokens ({max_new}) + tree slots need a draft "
-                                   f"context of {need}, the engine has {d.engine.info.capacity}")
-
-    def _check_cloud(self, ready: Ready, prompt: Sequence[int], max_new: int, fit: bool = False) -> int:
-        """The cloud's limits from ``Ready``: the tree budget, and its context. The last round
-        commits prompt + max_new - 1 tokens before its tree, so the cloud (prefix KV, root,
-        nodes, bonus) needs ``len(prompt) + max_new + budget`` slots. With ``fit``, ``max_new``
-        is only an upper bound: it becomes ``min(max_new, capacity − len(prompt) − budget)``.
-        Returns the max_new to generate."""
-        d = self.drafter
-        d.params = d.params.for_cloud(ready.max_nodes, ready.flat_nodes)
-        if self.policy.drafting and ready.max_nodes < d.params.budget:
-            raise CloudError("limits", f"tree budget {d.params.budget} exceeds the cloud's limit of "
-                                       f"{ready.max_nodes} nodes per tree; lower --budget")
-        nodes = d.params.budget if self.policy.drafting else 0
-        if fit:
-            max_new = min(max_new, ready.capacity - len(prompt) - nodes)
-        need = len(prompt) + max(max_new, 1) + nodes
-        if need > ready.capacity:
-            raise ContextFullError(f"prompt ({len(prompt)}) + max tokens ({max_new}) + tree nodes need a cloud "
-                                   f"context of {need}, the cloud has {ready.capacity}")
-        return max_new
-
     async def generate(self, prompt: Sequence[int], max_new: int, sampling: SamplingParams,
                        on_tokens: Callable[[list[int]], None] | None = None, *, logprobs: int = -1,
                        fit_cloud: bool = False,
@@ -203,16 +172,16 @@ class Coordinator:
         (``on_scores`` gets them just before ``on_tokens`` gets the same tokens). ``fit_cloud``:
         ``max_new`` is an upper bound lowered to what the cloud's context holds (a request
         without max_tokens), instead of a limit the cloud must fit (ContextFullError)."""
-        self._check_room(prompt, max_new)
+        d = self.drafter
+        d.params = settle_draft(d.params, d.engine.info.capacity, len(prompt), max_new)
         self._halt.clear()
         t_begin = self.clock()
         try:
-            d = self.drafter
             d.start(prompt, sampling)  # under sampling the drafter couples to the target's noise
             warm = self._spawn(d.prefill) if self.policy.drafting else None  # while the cloud prefills
             ready = await self.link.open(Hello(list(prompt), sampling.temperature, sampling.top_p, sampling.top_k,
                                                sampling.seed, max_nodes=d.params.budget, logprobs=logprobs))
-            max_new = self._check_cloud(ready, prompt, max_new, fit_cloud)
+            d.params, max_new = settle_cloud(d.params, ready, len(prompt), max_new, self.policy.drafting, fit_cloud)
             self.controller.observe_cloud(ready.curve_nodes, [us / 1e6 for us in ready.curve_us],
                                           d.params.budget, d.params.width)
             if warm is not None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from rapid.core.errors import ContextFullError, RapidError
 from rapid.core.sampling import SamplingParams
+from rapid.runtime.budget import default_max_tokens
 from rapid.runtime.edge_config import DEFAULT
 from rapid.runtime.edge_metrics import EdgeMetrics
 from rapid.runtime.generate import encode_messages, encode_prompt
@@ -29,7 +30,6 @@ from rapid.runtime.openai_logprobs import TokenLogprob
 from rapid.runtime.policies import get_policy
 from rapid.runtime.session import EdgeSession
 from rapid.runtime.text_stream import TextStream
-from rapid.runtime.tree import TreeParams
 
 log = logging.getLogger("rapid.edge.daemon")
 
@@ -48,17 +48,6 @@ class Request:
     stop: list[str]
     top_k: int = 0
     logprobs: int = -1  # -1: none; k >= 0: every token's log-probability and its top k
-
-
-def default_max_tokens(capacity: int, prompt_len: int, tree: TreeParams) -> int:
-    """Tokens a request without ``max_tokens`` may generate: the draft context left after the
-    prompt and the tree slots (4 per budgeted node, an auto budget counted as 16, + 32)."""
-    budget = 16 if tree.auto_budget else tree.budget
-    room = capacity - prompt_len - 4 * min(budget, 16) - 32
-    if room < 1:
-        raise ContextFullError(f"the prompt ({prompt_len} tokens) leaves no room to generate in the draft's "
-                               f"context of {capacity}")
-    return room
 
 
 @dataclass(slots=True)

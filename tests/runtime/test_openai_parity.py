@@ -13,7 +13,8 @@ pytest.importorskip("fastapi")
 from edge_stack import Daemon, expected_text  # noqa: E402
 
 from rapid.core.sampling import SamplingParams  # noqa: E402
-from rapid.runtime.engine_pool import EdgeService, default_max_tokens  # noqa: E402
+from rapid.runtime.budget import default_max_tokens  # noqa: E402
+from rapid.runtime.engine_pool import EdgeService  # noqa: E402
 from rapid.runtime.generate import open_edge_model  # noqa: E402
 from rapid.runtime.openai_schema import RequestDefaults  # noqa: E402
 from rapid.runtime.tree import TreeParams  # noqa: E402
