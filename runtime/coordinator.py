@@ -48,6 +48,7 @@ from rapid.runtime.link import CloudLink
 from rapid.runtime.policies import Policy, get_policy
 from rapid.runtime.telemetry import RoundRecord, Summary, summarize
 from rapid.runtime.token_scores import TokenScore, verdict_scores
+from rapid.runtime.transcript import Transcript
 from rapid.runtime.tree import TreeParams
 
 
@@ -180,7 +181,8 @@ class Coordinator:
             d.start(prompt, sampling)  # under sampling the drafter couples to the target's noise
             warm = self._spawn(d.prefill) if self.policy.drafting else None  # while the cloud prefills
             ready = await self.link.open(Hello(list(prompt), sampling.temperature, sampling.top_p, sampling.top_k,
-                                               sampling.seed, max_nodes=d.params.budget, logprobs=logprobs))
+                                               sampling.seed, max_nodes=d.params.budget, logprobs=logprobs),
+                                         d.transcript)
             d.params, max_new = settle_cloud(d.params, ready, len(prompt), max_new, self.policy.drafting, fit_cloud)
             self.controller.observe_cloud(ready.curve_nodes, [us / 1e6 for us in ready.curve_us],
                                           d.params.budget, d.params.width)
@@ -201,7 +203,7 @@ class Coordinator:
         """The rounds, each draft → send (+ branch) → await → apply; returns (tokens, records,
         stopped, scores)."""
         self.controller.new_request()
-        out = _Output(max_new, self.drafter.stop_ids, on_tokens, on_scores)
+        out = _Output(self.drafter.transcript, max_new, self.drafter.stop_ids, on_tokens, on_scores)
         decision = self.controller.next_depth(self.policy.proactive)
         round_id = 0
         while True:
@@ -273,21 +275,23 @@ class Coordinator:
 
 @dataclass(slots=True)
 class _Output:
-    """What one generation emitted so far, and the callers' callbacks for each round's share."""
+    """What one generation handed out so far: the transcript's generated tokens cut at max_new /
+    a stop token, and the callers' callbacks for each round's share."""
 
+    transcript: Transcript  # the drafter's: already holds the round's emitted tokens at ``take``
     max_new: int
     stop_ids: Sequence[int]
     on_tokens: Callable[[list[int]], None] | None
     on_scores: Callable[[list[TokenScore]], None] | None
-    tokens: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # the transcript's generated tokens, cut
     scores: list[TokenScore] = field(default_factory=list)
     records: list[RoundRecord] = field(default_factory=list)
     stopped: bool = False
 
     def take(self, verdict, emitted: list[int], rec: RoundRecord) -> bool:
-        """Append a round's emitted tokens (cut at max_new / a stop token); True when done."""
+        """Hand out a committed round's share (``emitted`` scores them); True when done."""
         before = len(self.tokens)
-        self.tokens, done = finish(self.tokens + emitted, self.max_new, self.stop_ids)
+        self.tokens, done = finish(self.transcript.generated, self.max_new, self.stop_ids)
         self.scores = (self.scores + verdict_scores(verdict, emitted))[:len(self.tokens)]
         self.stopped = done and bool(self.tokens) and self.tokens[-1] in self.stop_ids
         rec.emitted = len(self.tokens) - before

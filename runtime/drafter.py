@@ -38,6 +38,7 @@ from rapid.engines.base import DraftEngine, StepHandle
 from rapid.runtime.coupling import coupled_top
 from rapid.runtime.ipdg import ProactiveRoot, VerdictPlan, choose_proactive_root, plan_verdict
 from rapid.runtime.lookup import LookupStats, lookup_continuations
+from rapid.runtime.transcript import Transcript
 from rapid.runtime.tree import TokenTree, TreeParams, best_tokens
 
 
@@ -71,7 +72,7 @@ class Drafter:
         self.stop_ids = tuple(stop_ids)
         self.clock = clock
         self.poll_s, self.ready_timeout_s = poll_s, ready_timeout_s
-        self.committed: list[int] = []
+        self.transcript = Transcript.of([])  # the request's committed tokens (rapid.runtime.transcript)
         self.pending: list[int] = []
         self.prefix_len = 0
         self.tree = TokenTree()
@@ -88,7 +89,7 @@ class Drafter:
         """A new request; ``sampling`` (the request's, greedy if None) decides coupled ranking."""
         self.engine.reset()
         self.sampling = sampling or SamplingParams()
-        self.committed = list(prompt)
+        self.transcript = Transcript.of(prompt)
         self.pending = list(prompt)
         self.prefix_len = 0
         self.tree = TokenTree()
@@ -100,8 +101,13 @@ class Drafter:
         self._proposed = []
 
     @property
+    def committed(self) -> list[int]:
+        """Prompt + committed tokens (the transcript's list: read, never append)."""
+        return self.transcript.tokens
+
+    @property
     def root_position(self) -> int:
-        return len(self.committed) - 1
+        return len(self.transcript) - 1
 
     @property
     def coupled(self) -> bool:
@@ -314,7 +320,7 @@ class Drafter:
         self._proposed = []
         self.engine.compact(plan.keep_slots, self.prefix_len)
         self.prefix_len += plan.prefix_grow
-        self.committed.extend(plan.emitted)
+        self.transcript.commit(plan.emitted)
         self.pending = plan.pending
         self.tree = plan.next_tree
         self.levels = levels_kept if plan.hit and plan.next_tree.root_top is not None else 0

@@ -4,9 +4,9 @@ A receiver task reads frames as they arrive. When the verdict of the pending rou
 ``feedback`` (a ``threading.Event``) *before* handing the frame to the coordinator, so a drafting
 thread that checks the flag between expansion steps learns about it at the next step boundary.
 
-Fault tolerance lives here, so the coordinator is unaware of it. The link tracks the committed
-tokens itself (the prompt, then ``path tokens + bonus`` of every verdict it hands out) and the one
-tree in flight. When the connection drops, or no verdict comes for ``retry_timeout`` (first it
+Fault tolerance lives here, so the coordinator is unaware of it. The link reads the request's
+committed tokens from its ``Transcript`` (rapid.runtime.transcript: the prompt, then ``path
+tokens + bonus`` of every verdict, which the drafter appends) and keeps the one tree in flight. When the connection drops, or no verdict comes for ``retry_timeout`` (first it
 re-sends the tree on the same connection, then it reconnects), it reconnects with exponential
 backoff and sends ``Hello(session=id, prompt=committed)``:
 
@@ -59,6 +59,7 @@ from rapid.core.wire import (
     decode,
     encode,
 )
+from rapid.runtime.transcript import Transcript
 
 log = logging.getLogger("rapid.edge.link")
 
@@ -116,7 +117,7 @@ class CloudLink:
         self.feedback = threading.Event()
         self.ready: Ready | None = None
         self.session: str | None = None
-        self.committed: list[int] = []
+        self.transcript = Transcript.of([])  # the committed tokens: read here, appended by the drafter
         self.stats = {"reconnects": 0, "resumed": 0, "reprefilled": 0, "resent": 0, "stale": 0}
         self._hello: Hello | None = None
         self._pending: Tree | None = None
@@ -193,7 +194,7 @@ class CloudLink:
         """Dial, send Hello for the committed tokens, wait for Ready (raises _Lost / CloudError)."""
         await self._dial()
         assert self._hello is not None
-        hello = dataclasses.replace(self._hello, prompt=list(self.committed), session=session)
+        hello = dataclasses.replace(self._hello, prompt=list(self.transcript.tokens), session=session)
         await self._send(encode(hello))
         while True:
             try:
@@ -217,7 +218,7 @@ class CloudLink:
             await self._send(encode(Bye()))
             raise CloudError("incompatible", f"the cloud's target speaks another tokenizer (fingerprint {frame.tokenizer}, "
                                              f"the draft's is {self.tokenizer}): use a draft of the target's family")
-        ahead = frame.committed - len(self.committed)
+        ahead = frame.committed - len(self.transcript)
         pending_room = 0 if self._pending is None else len(self._pending.tokens) + 1
         if ahead < 0 or ahead > pending_room:  # the cloud's session disagrees with us: start afresh
             await self._send(encode(Bye()))
@@ -267,10 +268,15 @@ class CloudLink:
 
     # -- the coordinator's interface -----------------------------------------------------------
 
-    async def open(self, hello: Hello) -> Ready:
+    async def open(self, hello: Hello, transcript: Transcript | None = None) -> Ready:
+        """Open a session for ``hello.prompt``. ``transcript``: the request's committed tokens,
+        which the caller extends by each verdict's path + bonus before the next tree (the
+        Coordinator's drafter does); without one the link keeps ``hello.prompt`` alone."""
         self._hello = dataclasses.replace(hello, tokenizer=self.tokenizer) if self.tokenizer else hello
         self._closed = False
-        self.committed = list(hello.prompt)
+        self.transcript = transcript if transcript is not None else Transcript.of(hello.prompt)
+        if self.transcript.tokens != list(hello.prompt):
+            raise ValueError("the transcript must begin as the hello's prompt")
         self._pending = None
         self.session = None
         try:
@@ -354,12 +360,10 @@ class CloudLink:
             if p is None or frame.round != round_id or p.round != round_id:
                 self.stats["stale"] += 1
                 continue  # a verdict for an older round (abandoned or duplicated): never applied twice
-            if frame.committed != len(self.committed) + len(frame.path) + 1 or any(
+            if frame.committed != len(self.transcript) + len(frame.path) + 1 or any(
                     not 0 <= j < len(p.tokens) for j in frame.path):
                 raise CloudError("protocol", f"verdict of round {round_id} does not fit the committed tokens "
-                                             f"({frame.committed} vs {len(self.committed)} + {len(frame.path)} + 1)")
-            self.committed.extend(p.tokens[j] for j in frame.path)
-            self.committed.append(frame.bonus)
+                                             f"({frame.committed} vs {len(self.transcript)} + {len(frame.path)} + 1)")
             self._pending = None
             return frame
 

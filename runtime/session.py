@@ -6,7 +6,7 @@
 
 Each call is one cloud session: a fresh ``CloudLink`` (token, TLS, the draft's tokenizer
 fingerprint), the Coordinator's rounds (draft → send → await → apply; the committed tokens are
-the drafter's), and the session closed (Bye) however the call ends. The depth controller is the
+one ``Transcript``, appended by the drafter, read by the link and the output), and the session closed (Bye) however the call ends. The depth controller is the
 session's and is kept across calls (``controller``): its latency baseline is the device's, so
 contention that began before a request is still seen as contention. ``rapid generate``, the
 Python API (``rapid.runtime.api.Edge``), ``rapid edge`` (one session per engine) and

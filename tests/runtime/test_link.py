@@ -12,6 +12,7 @@ from websockets.asyncio.server import serve
 from rapid.core.procs import free_port
 from rapid.core.wire import Bye, ErrorFrame, Hello, Ready, Tree, VerdictFrame, decode, encode
 from rapid.runtime.link import CloudError, CloudLink
+from rapid.runtime.transcript import Transcript
 
 
 def scripted(answer):
@@ -52,21 +53,27 @@ def accept_first(tree: Tree, committed: int) -> VerdictFrame:
     return VerdictFrame(tree.round, path, 42, committed + len(path) + 1)
 
 
-def test_a_round_sets_feedback_and_commits_path_and_bonus():
+def test_a_round_sets_feedback_and_the_next_verdict_must_fit_the_shared_transcript():
     async def body(url):
-        link = CloudLink(url)
-        ready = await link.open(Hello([1, 2, 3], max_nodes=8))
-        assert ready.session == "s1" and link.committed == [1, 2, 3]
+        link, transcript = CloudLink(url), Transcript.of([1, 2, 3])
+        ready = await link.open(Hello([1, 2, 3], max_nodes=8), transcript)
+        assert ready.session == "s1" and link.transcript is transcript
         await link.send_tree(0, [7, 8], [-1, 0])
         assert not link.feedback.is_set()
         verdict = await link.verdict(0)
         assert verdict.path == [0] and verdict.bonus == 42 and link.feedback.is_set()
-        assert link.committed == [1, 2, 3, 7, 42] and link.arrival(0) > 0
+        assert transcript.tokens == [1, 2, 3] and link.arrival(0) > 0  # the link reads, the caller commits
+        transcript.commit([7, 42])
+        await link.send_tree(1, [5], [-1])
+        assert (await link.verdict(1)).committed == 7
+        await link.send_tree(2, [5], [-1])  # round 2 uncommitted here: the cloud is ahead of us
+        with pytest.raises(CloudError, match="does not fit"):
+            await link.verdict(2)
         await link.close()
         await link.close()  # safe twice
 
     seen = asyncio.run(with_peer(accept_first, body))
-    assert [type(f) for f in seen] == [Hello, Tree, Bye]
+    assert [type(f) for f in seen] == [Hello, Tree, Tree, Tree, Bye]
 
 
 def test_an_error_frame_is_a_cloud_error():
