@@ -131,7 +131,7 @@ class EdgeConfig:
 
     def __post_init__(self) -> None:
         rules = (("max_tokens", self.max_tokens >= 1, ">= 1"), ("capacity", self.capacity >= 1, ">= 1"),
-                 ("threads", self.threads >= 1, ">= 1"), ("top_k", self.top_k >= 0, ">= 0"),
+                 ("threads", self.threads >= 1, ">= 1"), ("top_k", 0 <= self.top_k < 2**31, "in [0, 2**31)"),
                  ("temperature", math.isfinite(self.temperature) and self.temperature >= 0, ">= 0"),
                  ("top_p", 0 < self.top_p <= 1, "in (0, 1]"), ("min_p", 0 <= self.min_p < 1, "in [0, 1)"),
                  ("lookup", self.lookup >= 0, ">= 0"),

@@ -45,6 +45,7 @@ from rapid.runtime.openai_schema import (
     sampling_of,
     stop_strings,
 )
+from rapid.runtime.openapi_doc import add_components, completion_route_doc
 from rapid.runtime.text_stream import Piece
 
 log = logging.getLogger("rapid.edge.api")
@@ -93,14 +94,16 @@ def create_app(service: EdgeService, defaults: RequestDefaults | None = None, ap
     _add_probes(app, service)
     run = _completion_endpoint(service, defaults or RequestDefaults())
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", **completion_route_doc(chat=False))
     async def completions(http: HTTPRequest):
         return await run(http, False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", **completion_route_doc(chat=True))
     async def chat_completions(http: HTTPRequest):
         return await run(http, True)
 
+    plain_openapi = app.openapi
+    app.openapi = lambda: app.openapi_schema or add_components(plain_openapi())  # the bodies and errors
     return app
 
 
@@ -148,7 +151,7 @@ def _add_probes(app, service: EdgeService) -> None:
     async def livez():
         return {"status": "alive"}
 
-    @app.get("/health")
+    @app.get("/health", responses={503: {"description": "the cloud verifier does not answer (body: status, reason)"}})
     async def health():
         why = await service.cloud_problem()
         body = {"status": "ok" if why is None else "unavailable", "cloud": service.cloud, "engines": len(service.edges)}
@@ -156,7 +159,7 @@ def _add_probes(app, service: EdgeService) -> None:
             body["reason"] = why
         return JSONResponse(body, 200 if why is None else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)  # documented as text, as it answers
     async def metrics():
         return PlainTextResponse(generate_latest(service.metrics.registry).decode(),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -14,7 +14,9 @@ non-zero ``presence_penalty`` / ``frequency_penalty``, a non-empty ``logit_bias`
 ``suffix``, ``tools`` / ``tool_choice`` / ``functions`` /
 ``function_call``, a ``response_format`` other than text, and any field not listed here. The
 penalties and biases change the target's picks (they would have to be applied on the cloud):
-they are not implemented, so asking for them is an error.
+they are not implemented, so asking for them is an error. Types are strict, as the published
+schema says (``/openapi.json``, ``rapid.runtime.openapi_doc``): ``"max_tokens": "5"`` or a prompt of
+``[true, false]`` is a 400, not silently read as 5 or as token ids [1, 0] (the API fuzz found that).
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ class ApiError(RapidError):
         self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
 
 
+MAX_TOP_K = 2**31 - 1  # what the wire carries (a larger one overflowed msgpack: 502, found by the API fuzz)
+
+
 @dataclass(slots=True, frozen=True)
 class RequestDefaults:
     """The daemon's own flags, used where a request leaves a parameter out."""
@@ -49,17 +54,17 @@ class RequestDefaults:
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = False
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=0, le=MAX_TOP_K)  # above the vocabulary: every token kept
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
@@ -83,13 +88,13 @@ class CompletionBody(_Body):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["text"]
     text: str
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
