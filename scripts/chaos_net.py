@@ -11,24 +11,40 @@ cable). No message is dropped otherwise: on TCP a message is only lost with its 
 ``rogue`` sends one malformed case straight to the cloud and checks the answer: every bad frame
 must be answered with an ``ErrorFrame`` of the expected code (an oversized frame too: the
 transport limit sits above the protocol's), and the connection must stay usable.
+
+``Secure`` (``--secure``) is the production shape: a self-signed certificate for 127.0.0.1 and a
+token. The cloud then serves ``wss://`` and wants the token; the proxy terminates TLS on its side
+and opens its own TLS connection upstream, forwarding the edge's ``Authorization`` header (a
+wrong token is refused by the cloud, not by the proxy); the rogue client brings the token, and
+one more rogue case (``no_token``) must be refused with HTTP 401 before any frame is read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
+import ipaddress
 import random
 import re
+import secrets
+import ssl
 import time
 import urllib.request
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgpack
 import websockets
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from fuzz_wire import rand_frame
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import serve
 
+from rapid.core.auth import bearer
 from rapid.core.procs import start_server, stop_server
 from rapid.core.wire import (
     MAX_FRAME_BYTES,
@@ -46,12 +62,65 @@ from rapid.core.wire import (
 ANSWER_TIMEOUT_S = 15.0  # > the longest cloud freeze the soak injects (8 s)
 
 
+@dataclass(slots=True)
+class Secure:
+    """TLS (a self-signed certificate for 127.0.0.1) and a token, written under ``folder``."""
+
+    cert: str
+    key: str
+    token_file: str
+    token: str
+
+    @classmethod
+    def make(cls, folder: Path) -> Secure:
+        folder.mkdir(parents=True, exist_ok=True)
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+        now = datetime.datetime.now(datetime.timezone.utc)
+        cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+                .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+                .not_valid_after(now + datetime.timedelta(days=2))
+                .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+                .add_extension(x509.BasicConstraints(ca=True, path_length=None), True).sign(key, hashes.SHA256()))
+        paths = {n: folder / n for n in ("cert.pem", "key.pem", "token")}
+        paths["cert.pem"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        paths["key.pem"].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                       serialization.NoEncryption()))
+        token = secrets.token_urlsafe(24)
+        paths["token"].write_text(token + "\n")
+        return cls(str(paths["cert.pem"]), str(paths["key.pem"]), str(paths["token"]), token)
+
+    def serve_flags(self) -> list[str]:
+        return ["--cert", self.cert, "--key", self.key, "--token-file", self.token_file]
+
+    def edge_flags(self) -> list[str]:
+        return ["--cafile", self.cert, "--token-file", self.token_file]
+
+    def client_ssl(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=self.cert)
+
+    def server_ssl(self) -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(self.cert, self.key)
+        return ctx
+
+
+def _tls(secure: Secure | None, url: str) -> dict:
+    """connect() keywords for ``url``: TLS (trusting the soak's certificate) and the token."""
+    if secure is None:
+        return {}
+    return {"ssl": secure.client_ssl() if url.startswith("wss://") else None,
+            "additional_headers": bearer(secure.token)}
+
+
 class Cloud:
     """The ``rapid serve`` process; killed with SIGKILL and restarted on the same port."""
 
-    def __init__(self, target: str, port: int, extra: list[str], logs: Path, t0: float) -> None:
-        self.target, self.port, self.extra, self.logs, self.t0 = target, port, extra, logs, t0
-        self.url = f"ws://127.0.0.1:{port}"
+    def __init__(self, target: str, port: int, extra: list[str], logs: Path, t0: float,
+                 secure: Secure | None = None) -> None:
+        self.target, self.port, self.logs, self.t0, self.secure = target, port, logs, t0, secure
+        self.extra = extra + (secure.serve_flags() if secure else [])
+        self.url = f"{'wss' if secure else 'ws'}://127.0.0.1:{port}"
         self.proc = None
         self.up = asyncio.Event()
         self.incarnations: list[dict] = []
@@ -77,6 +146,15 @@ class Cloud:
         await asyncio.to_thread(self.proc.wait)
         self.incarnations[-1]["killed_at_s"] = round(time.monotonic() - self.t0, 1)
 
+    async def drain(self) -> float:
+        """SIGTERM (the server's graceful shutdown: sessions told to move); seconds until it exited."""
+        self.up.clear()
+        t = time.monotonic()
+        await asyncio.to_thread(stop_server, self.proc)
+        self.incarnations[-1]["killed_at_s"] = round(time.monotonic() - self.t0, 1)
+        self.incarnations[-1]["drained"] = True
+        return time.monotonic() - t
+
     async def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             await asyncio.to_thread(stop_server, self.proc)
@@ -86,8 +164,8 @@ class FaultProxy:
     """Seeded message-level faults; probabilities are per forwarded message."""
 
     def __init__(self, upstream: str, rng: random.Random, cut: float, dup: float, delay: float,
-                 max_delay_s: float = 0.02) -> None:
-        self.upstream = upstream
+                 max_delay_s: float = 0.02, secure: Secure | None = None) -> None:
+        self.upstream, self.secure = upstream, secure
         self.rng = rng
         self.p = {"cut": cut, "dup": dup, "delay": delay}
         self.max_delay_s = max_delay_s
@@ -98,8 +176,9 @@ class FaultProxy:
         self.url = ""
 
     async def start(self) -> str:
-        self._server = await serve(self._handle, "127.0.0.1", 0, compression=None, max_size=None)
-        self.url = f"ws://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        tls = {"ssl": self.secure.server_ssl()} if self.secure else {}
+        self._server = await serve(self._handle, "127.0.0.1", 0, compression=None, max_size=None, **tls)
+        self.url = f"{'wss' if self.secure else 'ws'}://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
         return self.url
 
     async def close(self) -> None:
@@ -134,7 +213,10 @@ class FaultProxy:
 
     async def _handle(self, client) -> None:
         try:
-            up = await connect(self.upstream, compression=None, max_size=None, open_timeout=5)
+            auth = client.request.headers.get("Authorization")  # the edge's own: forwarded as it came
+            tls = {"ssl": self.secure.client_ssl()} if self.secure else {}
+            up = await connect(self.upstream, compression=None, max_size=None, open_timeout=5,
+                               additional_headers={"Authorization": auth} if auth else {}, **tls)
         except (OSError, TimeoutError, websockets.InvalidHandshake):
             self.events["upstream_refused"] += 1
             return  # the cloud is down: the edge sees its connection close and retries
@@ -190,7 +272,7 @@ def _raw(body) -> bytes:
     return msgpack.packb(body, use_bin_type=True)
 
 
-def rogue_cases(rng: random.Random) -> dict[str, list]:
+def rogue_cases(rng: random.Random, secure: bool = False) -> dict[str, list]:
     """case name -> [(message, expected answer)]; an answer is an error code, "ready" or "close"."""
     prompt = [rng.randrange(33, 127) for _ in range(rng.randint(1, 8))]
     fuzz = []
@@ -220,15 +302,26 @@ def rogue_cases(rng: random.Random) -> dict[str, list]:
         "unknown_session": [(encode(Hello(prompt, session="0" * 16)), "ready"), (encode(Bye()), None)],
         # over the protocol limit but under the transport's: an error frame, the connection lives on
         "oversized": [(b"\x80" * (MAX_FRAME_BYTES + 1024), "too_large"), (encode(Hello(prompt)), "ready")],
+        **({"no_token": []} if secure else {}),  # refused at the upgrade: HTTP 401
     }
 
 
-async def rogue(url: str, case: str, messages: list) -> dict:
-    """Run one case; outcome ok | anomaly (a wrong or no answer) | refused | gone (connection lost)."""
+async def rogue(url: str, case: str, messages: list, secure: Secure | None = None) -> dict:
+    """Run one case; outcome ok | anomaly (a wrong or no answer) | refused | gone (connection lost).
+    ``no_token`` (secure only) connects without the token: ok when the upgrade gets HTTP 401."""
+    tls = _tls(secure, url)
+    if case == "no_token":
+        tls.pop("additional_headers", None)
     try:
-        ws = await connect(url, open_timeout=ANSWER_TIMEOUT_S, max_size=TRANSPORT_MAX_BYTES, compression=None)
+        ws = await connect(url, open_timeout=ANSWER_TIMEOUT_S, max_size=TRANSPORT_MAX_BYTES, compression=None, **tls)
+    except websockets.InvalidStatus as e:
+        ok = case == "no_token" and e.response.status_code == 401
+        return {"case": case, "outcome": "ok" if ok else "refused", "got": f"HTTP {e.response.status_code}"}
     except (OSError, TimeoutError, websockets.InvalidHandshake):
         return {"case": case, "outcome": "refused"}
+    if case == "no_token":
+        _abort(ws)
+        return {"case": case, "outcome": "anomaly", "want": "HTTP 401", "got": "accepted without a token"}
     try:
         for data, want in messages:
             got = await _exchange(ws, data, want)
@@ -266,10 +359,12 @@ async def _exchange(ws, data, want) -> str | None:
 
 # -- the cloud's own figures --------------------------------------------------------------------
 
-def metric(port: int, name: str, timeout: float = 5.0) -> float | None:
+def metric(port: int, name: str, timeout: float = 5.0, secure: Secure | None = None) -> float | None:
     """One unlabelled sample of ``name`` from the cloud's /metrics; None if unreachable."""
+    scheme, tls = ("https", secure.client_ssl()) if secure else ("http", None)
+    request = urllib.request.Request(f"{scheme}://127.0.0.1:{port}/metrics", headers=bearer(secure.token if secure else None))
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as r:
+        with urllib.request.urlopen(request, timeout=timeout, context=tls) as r:
             text = r.read().decode()
     except OSError:
         return None

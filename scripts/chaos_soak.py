@@ -8,6 +8,7 @@ seeded sampling, random trees), half of them through a fault proxy. On a schedul
 ``--seed`` the soak injects:
 
     cloud_kill      kill -9 of the cloud, restarted on the same port
+    cloud_drain     SIGTERM of the cloud (its graceful drain), restarted on the same port
     cloud_freeze    SIGSTOP of the cloud for 1-8 s, then SIGCONT (a GC pause, a VM migration)
     edge_kill       kill -9 of an edge process that has streamed part of its output
     proxy_cut_all   every connection through the proxy aborted at once
@@ -22,6 +23,10 @@ finished, for at most as long again); runs in flight then finish (each bounded b
 1 if any check fails: a hang, a finished run that differs from target-only decoding, a failure
 that is not a clean one-line error, a leaked session, a rogue frame without its error answer.
 The schedule is seeded; what each fault hits depends on timing and is not reproducible exactly.
+
+``--secure`` runs the production shape: ``wss://`` with a self-signed certificate and the token
+on both hops (edge → proxy → cloud, edge → cloud), the rogue client included, plus a rogue case
+without the token that must get HTTP 401 (``chaos_net.Secure``).
 """
 
 from __future__ import annotations
@@ -41,14 +46,14 @@ from pathlib import Path
 
 import chaos_edges as edges
 import chaos_report as report
-from chaos_net import Cloud, FaultProxy, metric, rogue, rogue_cases, rss_kb
+from chaos_net import Cloud, FaultProxy, Secure, metric, rogue, rogue_cases, rss_kb
 
 import rapid
 import rapid.runtime
 import rapid.server
 from rapid.core.procs import free_port
 
-WINDOWS = {"cloud_kill": (0.15, 0.7), "cloud_freeze": (0.05, 0.9), "edge_kill": (0.05, 0.95), "proxy_cut_all": (0.05, 0.95),
+WINDOWS = {"cloud_kill": (0.15, 0.7), "cloud_drain": (0.1, 0.8), "cloud_freeze": (0.05, 0.9), "edge_kill": (0.05, 0.95), "proxy_cut_all": (0.05, 0.95),
            "blackhole": (0.05, 0.9), "rogue": (0.02, 0.98)}
 
 
@@ -60,8 +65,10 @@ class Soak:
         self.end = self.t0 + args.minutes * 60
         extra = ["--dtype", "float64", "--grace", str(args.grace), "--max-sessions", str(max(16, 3 * args.edges)),
                  "--idle-timeout", "120", "--max-batch", "4"]
-        self.cloud = Cloud(models["target"], free_port(), extra, out, self.t0)
-        self.proxy = FaultProxy(self.cloud.url, random.Random(args.seed + 1), args.cut, args.dup, args.delay)
+        self.secure = Secure.make(out / "secure") if args.secure else None
+        self.cloud = Cloud(models["target"], free_port(), extra, out, self.t0, self.secure)
+        self.proxy = FaultProxy(self.cloud.url, random.Random(args.seed + 1), args.cut, args.dup, args.delay,
+                                secure=self.secure)
         self.runs: list[dict] = []
         self.live: dict[int, dict] = {}
         self.faults: Counter = Counter()
@@ -104,6 +111,8 @@ class Soak:
         job = self.jobs[spec.job]
         url = self.proxy.url if spec.route == "proxy" else self.cloud.url
         argv = edges.generate_argv(spec, job, self.models[spec.draft], url)
+        if self.secure:
+            argv += self.secure.edge_flags()
         out_p, err_p = self.out / "runs" / f"{spec.index:05d}.out", self.out / "runs" / f"{spec.index:05d}.err"
         t = time.monotonic()
         with open(out_p, "wb") as fo, open(err_p, "wb") as fe:
@@ -130,7 +139,8 @@ class Soak:
 
     def schedule(self) -> list[tuple[float, str]]:
         rng, span = random.Random(self.args.seed), self.args.minutes * 60
-        every = {"cloud_kill": self.args.cloud_kill_every, "cloud_freeze": self.args.freeze_every,
+        every = {"cloud_kill": self.args.cloud_kill_every, "cloud_drain": self.args.drain_every,
+                 "cloud_freeze": self.args.freeze_every,
                  "edge_kill": self.args.edge_kill_every,
                  "proxy_cut_all": self.args.cut_all_every, "blackhole": self.args.blackhole_every,
                  "rogue": self.args.rogue_every}
@@ -144,13 +154,13 @@ class Soak:
         """Each event when due. A fault waits until it has something to hit, but at most one of a
         kind waits at a time (a later one is skipped), so faults never pile up on one victim."""
         rng, tasks, waiting = random.Random(self.args.seed + 2), [], {}
-        cases = rogue_cases(rng)
+        cases = rogue_cases(rng, self.secure is not None)
         for at, kind in self.schedule():
             await asyncio.sleep(max(0.0, self.t0 + at - time.monotonic()))
             if kind == "rogue":
                 case = rng.choice(sorted(cases))
                 tasks.append(asyncio.create_task(self._guard(kind, self.inject_rogue(case, cases[case]))))
-                cases = rogue_cases(rng)
+                cases = rogue_cases(rng, self.secure is not None)
             elif kind in waiting and not waiting[kind].done():
                 self.faults[kind + "_skipped"] += 1
             else:
@@ -173,6 +183,16 @@ class Soak:
             await asyncio.sleep(0.2)
         await self.cloud.kill9()
         self.injected("cloud_kill")
+        await self.cloud.start()
+
+    async def inject_cloud_drain(self, rng: random.Random) -> None:
+        while not self.cloud.uptime() >= self.args.min_uptime:
+            if self.over():
+                self.faults["cloud_drain_skipped"] += 1
+                return
+            await asyncio.sleep(0.2)
+        seconds = await self.cloud.drain()
+        self.injected("cloud_drain", f"exited {seconds:.1f} s after SIGTERM")
         await self.cloud.start()
 
     async def inject_cloud_freeze(self, rng: random.Random) -> None:
@@ -224,7 +244,7 @@ class Soak:
 
     async def inject_rogue(self, case: str, messages: list) -> None:
         before, was_up = len(self.cloud.incarnations), self.cloud.up.is_set()
-        result = await rogue(self.cloud.url, case, messages)
+        result = await rogue(self.cloud.url, case, messages, self.secure)
         if result["outcome"] != "ok":  # a wrong answer, silence, a dropped or refused connection:
             result["raw"] = result["outcome"]
             disturbed = not was_up or len(self.cloud.incarnations) != before or not self.cloud.up.is_set()
@@ -286,12 +306,14 @@ class Soak:
         """Sessions left after the grace period. A rogue session vanishes first, so there is at
         least one detached session for the reaper to free (the check is never vacuous)."""
         port = self.cloud.port
+        if self.secure:  # at least once, whatever the schedule drew: no token, no upgrade
+            await self.inject_rogue("no_token", [])
         case = "bad_tree_then_vanish"
         await self.inject_rogue(case, rogue_cases(random.Random(self.args.seed + 3))[case])
-        before = await asyncio.to_thread(metric, port, "rapid_sessions_active")
+        before = await asyncio.to_thread(metric, port, "rapid_sessions_active", 5.0, self.secure)
         await asyncio.sleep(self.args.grace + 2.5)  # the reaper runs at least every second
-        active = await asyncio.to_thread(metric, port, "rapid_sessions_active")
-        detached = await asyncio.to_thread(metric, port, "rapid_sessions_detached")
+        active = await asyncio.to_thread(metric, port, "rapid_sessions_active", 5.0, self.secure)
+        detached = await asyncio.to_thread(metric, port, "rapid_sessions_detached", 5.0, self.secure)
         return {"sessions_before_grace": _int(before), "sessions_active": _int(active),
                 "sessions_detached": _int(detached), "cloud_pid": self.cloud.proc.pid}
 
@@ -312,6 +334,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--run-timeout", type=float, default=150.0, help="a run still going after this is a hang")
     ap.add_argument("--grace", type=float, default=4.0, help="the cloud's --grace (resume window), seconds")
     ap.add_argument("--cloud-kill-every", type=float, default=60.0, help="mean seconds between cloud kills (0 = off, for each fault)")
+    ap.add_argument("--drain-every", type=float, default=0.0,
+                    help="mean seconds between cloud drains (SIGTERM, then a restart; 0 = off)")
+    ap.add_argument("--secure", action="store_true",
+                    help="wss:// with a self-signed certificate and the token on every hop")
     ap.add_argument("--min-uptime", type=float, default=15.0,
                     help="a cloud kill waits until the cloud has been up this long")
     ap.add_argument("--freeze-every", type=float, default=30.0, help="mean seconds between cloud freezes")

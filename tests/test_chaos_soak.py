@@ -1,7 +1,9 @@
 """The chaos soak (scripts/chaos_soak.py) in CI: ~30 s of faults against real processes.
 
-The long run is ``python scripts/chaos_soak.py --minutes 5 --edges 3 --seed 0 --out DIR``
-(docs/reliability.md). Here: two edge slots, every fault kind at least once, and the same checks:
+The long run is ``python scripts/chaos_soak.py --minutes 5 --edges 3 --seed 0 --secure --out DIR``
+(docs/reliability.md). Here, in the production shape (``--secure``: wss:// with a certificate, the
+token on every hop): two edge slots, every fault kind at least once (a SIGTERM drain too), a
+rogue connection without the token refused with 401, and the same checks:
 no hang, no leaked session, every finished run identical to target-only decoding, every failed run
 a clean one-line error. The classifier the checks rest on is tested on its own below, so a
 broken run really fails them.
@@ -36,7 +38,9 @@ def test_short_soak_has_no_hang_leak_mismatch_or_unclean_error(tmp_path):
     cmd = [sys.executable, str(SCRIPTS / "chaos_soak.py"), "--minutes", "0.5", "--edges", "2", "--seed", "3",
            "--out", str(tmp_path), "--run-timeout", "60", "--grace", "2", "--cloud-kill-every", "30",
            "--freeze-every", "30", "--edge-kill-every", "15", "--cut-all-every", "10", "--rogue-every", "3",
-           "--cut", "0.01", "--blackhole-every", "0", "--min-identical", "2"]  # a half-open connection costs a 30 s deadline
+           "--cut", "0.01", "--blackhole-every", "0",  # a half-open connection costs a 30 s deadline
+           "--min-identical", "2", "--secure", "--drain-every", "30",
+           "--min-uptime", "6"]  # two restarts (a kill, a drain) within the 30 s
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     result = json.loads((tmp_path / "report.json").read_text())
     s, outcomes = result["summary"], result["summary"]["outcomes"]
@@ -47,9 +51,10 @@ def test_short_soak_has_no_hang_leak_mismatch_or_unclean_error(tmp_path):
     assert outcomes["mismatch"] == 0 and outcomes["identical"] >= 2, why
     assert outcomes["unclean_error"] == 0, why
     assert s["runs"] == outcomes["identical"] + outcomes["clean_error"] + outcomes["killed"], why
-    for kind in ("cloud_kill", "cloud_freeze", "edge_kill", "proxy_cut_all"):
+    for kind in ("cloud_kill", "cloud_drain", "cloud_freeze", "edge_kill", "proxy_cut_all"):
         assert s["faults"].get(kind, 0) >= 1, (kind, why)
     assert sum(v for k, v in s["faults"].items() if k.startswith("rogue_")) >= 5, why
+    assert s["faults"].get("rogue_no_token", 0) >= 1, why  # refused with HTTP 401 (else an anomaly below)
     assert not s["rogue"]["anomalies"] and s["rogue"]["outcomes"].get("ok", 0) >= 3, why
     assert len(s["cloud"]) >= 2 and s["rss_mb"]["max"] > 0, why  # restarted on the same port
     assert "| finished, identical to target-only |" in r.stdout
