@@ -31,6 +31,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,7 +79,7 @@ class Coordinator:
     def __init__(self, drafter: Drafter, link: CloudLink, policy: Policy,
                  config: CoordinatorConfig | None = None, clock: Callable[[], float] = time.perf_counter,
                  step_hook: Callable[[str, int], None] | None = None,
-                 controller: DepthController | None = None) -> None:
+                 controller: DepthController | None = None, executor: Executor | None = None) -> None:
         self.drafter = drafter
         self.link = link
         self.policy = policy
@@ -88,6 +89,7 @@ class Coordinator:
         # a caller-owned controller (see controller_for) carries the device's latency baseline
         # across generations; generate() resets only its logical path
         self.controller = controller if controller is not None else controller_for(policy, self.cfg)
+        self.executor = executor  # the worker threads (None: the loop's default pool, shared by everyone)
         self._halt = threading.Event()  # set when a generation ends: workers stop at the next step
         self._workers: set[asyncio.Future] = set()
 
@@ -140,7 +142,7 @@ class Coordinator:
 
     def _spawn(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
         """Run ``fn`` on a worker thread, tracked until it returns (see the module docstring)."""
-        fut = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+        fut = asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
         self._workers.add(fut)
         fut.add_done_callback(self._settled)
         return fut
@@ -308,8 +310,8 @@ def assemble(engine: DraftEngine, tree: TreeParams, stop_ids: Sequence[int], lin
     """The edge's one assembly: a Drafter over ``engine``, a CloudLink (a URL makes a plain one; build
     it yourself for a token, TLS or retry options) and the Coordinator that drives them.
 
-    ``config`` defaults to ``CoordinatorConfig(depth=tree.depth)``; ``options`` (clock, step_hook)
-    go to the Coordinator.
+    ``config`` defaults to ``CoordinatorConfig(depth=tree.depth)``; ``options`` (clock, step_hook,
+    executor) go to the Coordinator.
     """
     drafter = Drafter(engine, tree, stop_ids)
     cloud = CloudLink(link) if isinstance(link, str) else link

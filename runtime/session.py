@@ -16,6 +16,7 @@ Python API (``rapid.runtime.api.Edge``), ``rapid edge`` (one session per engine)
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TextIO
 
 from rapid.core.sampling import SamplingParams
@@ -42,6 +43,9 @@ class EdgeSession:
         self.link_options = link_options or {}
         self.config = CoordinatorConfig(depth=self.tree.depth)
         self.controller = controller if controller is not None else controller_for(self.policy, self.config)
+        # the session's own worker threads (one drafting step at a time, a spare for a draining one):
+        # with many sessions in one process, asyncio's default pool (cores + 4) would queue their steps
+        self.workers = ThreadPoolExecutor(2, thread_name_prefix="rapid-draft")
 
     def link(self) -> CloudLink:
         return CloudLink(self.cloud, token=self.token, ssl=self.ssl, tokenizer=self.model.fingerprint,
@@ -56,7 +60,7 @@ class EdgeSession:
         link = link or self.link()
         try:
             coord = assemble(self.model.engine, self.tree, self.model.stop_ids, link, self.policy, self.config,
-                             self.controller)
+                             self.controller, executor=self.workers)
             return await coord.generate(prompt_ids, max_new, sampling or SamplingParams(), on_tokens,
                                         logprobs=logprobs, fit_cloud=fit_cloud, on_scores=on_scores)
         finally:
