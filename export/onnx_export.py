@@ -55,7 +55,8 @@ from rapid.core.manifest import (
 )
 from rapid.core.optional import import_optional
 from rapid.export.parity import run_parity
-from rapid.models import load_hf_model, load_tokenizer, resolve_model, sha256_file
+from rapid.models import load_hf_model, load_tokenizer, resolve_model
+from rapid.wheels import sha256_file
 
 log = logging.getLogger("rapid.export")
 

