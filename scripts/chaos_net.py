@@ -22,12 +22,18 @@ one more rogue case (``no_token``) must be refused with HTTP 401 before any fram
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import ipaddress
+import os
 import random
 import re
 import secrets
+import shutil
+import signal
 import ssl
+import sys
+import tempfile
 import time
 import urllib.request
 from collections import Counter
@@ -45,7 +51,7 @@ from websockets.asyncio.client import connect
 from websockets.asyncio.server import serve
 
 from rapid.core.auth import bearer
-from rapid.core.procs import start_server, stop_server
+from rapid.core.procs import start_listening, start_server, stop_server
 from rapid.core.wire import (
     MAX_FRAME_BYTES,
     TRANSPORT_MAX_BYTES,
@@ -117,9 +123,12 @@ class Cloud:
     """The ``rapid serve`` process; killed with SIGKILL and restarted on the same port."""
 
     def __init__(self, target: str, port: int, extra: list[str], logs: Path, t0: float,
-                 secure: Secure | None = None) -> None:
+                 secure: Secure | None = None, replicas: int = 0) -> None:
         self.target, self.port, self.logs, self.t0, self.secure = target, port, logs, t0, secure
-        self.extra = extra + (secure.serve_flags() if secure else [])
+        self.extra = extra + (secure.serve_flags() if secure else []) + (["--replicas", str(replicas)] if replicas else [])
+        self.replicas = replicas
+        # RAY_TMPDIR: this soak's cluster only; short, as Ray's socket paths must fit 107 bytes
+        self.ray_dir = tempfile.mkdtemp(prefix="rs", dir="/tmp") if replicas else ""
         self.url = f"{'wss' if secure else 'ws'}://127.0.0.1:{port}"
         self.proc = None
         self.up = asyncio.Event()
@@ -128,11 +137,44 @@ class Cloud:
     async def start(self) -> None:
         n = len(self.incarnations)
         t = time.monotonic()
-        self.proc = await asyncio.to_thread(start_server, self.target, self.port, self.extra, 180.0,
-                                            self.logs / f"serve-{n}.log")
+        log_path = self.logs / f"serve-{n}.log"
+        if self.replicas:
+            cmd = [sys.executable, "-m", "rapid.cli", "serve", "--target", self.target, "--port", str(self.port),
+                   *self.extra]
+            env = {**os.environ, "RAY_TMPDIR": self.ray_dir}
+            self.proc = await asyncio.to_thread(start_listening, cmd, "127.0.0.1", self.port, 300.0, log_path, env)
+            await self._deployed(log_path)
+        else:
+            self.proc = await asyncio.to_thread(start_server, self.target, self.port, self.extra, 180.0, log_path)
         self.incarnations.append({"n": n, "pid": self.proc.pid, "up_at_s": round(time.monotonic() - self.t0, 1),
                                   "start_s": round(time.monotonic() - t, 1), "killed_at_s": None})
         self.up.set()
+
+    async def _deployed(self, log_path: Path, timeout: float = 300.0) -> None:
+        """Ray Serve's proxy listens before the application is deployed: wait for its log line."""
+        t = time.monotonic()
+        while "rapid on Ray Serve:" not in log_path.read_text(errors="replace"):
+            if time.monotonic() - t > timeout or self.proc.poll() is not None:
+                raise RuntimeError(f"rapid serve --replicas did not deploy; see {log_path}")
+            await asyncio.sleep(0.5)
+
+    def replica_pids(self) -> list[int]:
+        """Processes of this soak's Ray cluster that serve a verifier replica."""
+        pids = []
+        for d in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "ServeReplica" in cmd and "Verifier" in cmd and (not self.ray_dir or self._ours(int(d))):
+                pids.append(int(d))
+        return sorted(pids)
+
+    def _ours(self, pid: int) -> bool:
+        try:
+            return self.ray_dir in Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+        except OSError:
+            return False
 
     def uptime(self) -> float:
         """Seconds since the running incarnation listened (0 while it is down or starting)."""
@@ -158,6 +200,21 @@ class Cloud:
     async def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             await asyncio.to_thread(stop_server, self.proc)
+        for pid in self._cluster_pids():  # a Ray process that outlived its driver's shutdown
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        if self.ray_dir:
+            shutil.rmtree(self.ray_dir, ignore_errors=True)
+
+    def _cluster_pids(self) -> list[int]:
+        if not self.ray_dir:
+            return []
+        out = []
+        for d in filter(str.isdigit, os.listdir("/proc")):
+            with contextlib.suppress(OSError):
+                if self.ray_dir in Path(f"/proc/{d}/cmdline").read_bytes().decode(errors="replace"):
+                    out.append(int(d))
+        return out
 
 
 class FaultProxy:
@@ -368,8 +425,8 @@ def metric(port: int, name: str, timeout: float = 5.0, secure: Secure | None = N
             text = r.read().decode()
     except OSError:
         return None
-    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
-    return float(m.group(1)) if m else None
+    values = re.findall(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", text, re.MULTILINE)
+    return sum(float(v) for v in values) if values else None  # replicas label theirs: the sum
 
 
 def rss_kb(pid: int) -> int | None:

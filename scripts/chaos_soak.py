@@ -9,6 +9,8 @@ seeded sampling, random trees), half of them through a fault proxy. On a schedul
 
     cloud_kill      kill -9 of the cloud, restarted on the same port
     cloud_drain     SIGTERM of the cloud (its graceful drain), restarted on the same port
+    replica_kill    kill -9 of one verifier replica (``--replicas N``: rapid serve on Ray Serve; Serve
+                    restarts it, its sessions fail over and re-prefill on another replica)
     cloud_freeze    SIGSTOP of the cloud for 1-8 s, then SIGCONT (a GC pause, a VM migration)
     edge_kill       kill -9 of an edge process that has streamed part of its output
     proxy_cut_all   every connection through the proxy aborted at once
@@ -53,7 +55,7 @@ import rapid.runtime
 import rapid.server
 from rapid.core.procs import free_port
 
-WINDOWS = {"cloud_kill": (0.15, 0.7), "cloud_drain": (0.1, 0.8), "cloud_freeze": (0.05, 0.9), "edge_kill": (0.05, 0.95), "proxy_cut_all": (0.05, 0.95),
+WINDOWS = {"cloud_kill": (0.15, 0.7), "cloud_drain": (0.1, 0.8), "replica_kill": (0.1, 0.85), "cloud_freeze": (0.05, 0.9), "edge_kill": (0.05, 0.95), "proxy_cut_all": (0.05, 0.95),
            "blackhole": (0.05, 0.9), "rogue": (0.02, 0.98)}
 
 
@@ -66,7 +68,7 @@ class Soak:
         extra = ["--dtype", "float64", "--grace", str(args.grace), "--max-sessions", str(max(16, 3 * args.edges)),
                  "--idle-timeout", "120", "--max-batch", "4"]
         self.secure = Secure.make(out / "secure") if args.secure else None
-        self.cloud = Cloud(models["target"], free_port(), extra, out, self.t0, self.secure)
+        self.cloud = Cloud(models["target"], free_port(), extra, out, self.t0, self.secure, args.replicas)
         self.proxy = FaultProxy(self.cloud.url, random.Random(args.seed + 1), args.cut, args.dup, args.delay,
                                 secure=self.secure)
         self.runs: list[dict] = []
@@ -140,6 +142,7 @@ class Soak:
     def schedule(self) -> list[tuple[float, str]]:
         rng, span = random.Random(self.args.seed), self.args.minutes * 60
         every = {"cloud_kill": self.args.cloud_kill_every, "cloud_drain": self.args.drain_every,
+                 "replica_kill": self.args.replica_kill_every if self.args.replicas else 0,
                  "cloud_freeze": self.args.freeze_every,
                  "edge_kill": self.args.edge_kill_every,
                  "proxy_cut_all": self.args.cut_all_every, "blackhole": self.args.blackhole_every,
@@ -194,6 +197,20 @@ class Soak:
         seconds = await self.cloud.drain()
         self.injected("cloud_drain", f"exited {seconds:.1f} s after SIGTERM")
         await self.cloud.start()
+
+    async def inject_replica_kill(self, rng: random.Random) -> None:
+        """SIGKILL one verifier replica while runs are in flight (Serve starts a new one)."""
+        def kill_one() -> bool:
+            pids = self.cloud.replica_pids()
+            if not self.live or len(pids) < 2:  # a replica to fail over to, and a session to move
+                return False
+            try:
+                os.kill(rng.choice(pids), signal.SIGKILL)
+            except OSError:
+                return False
+            return True
+
+        await self._when_possible("replica_kill", kill_one)
 
     async def inject_cloud_freeze(self, rng: random.Random) -> None:
         while not self.cloud.up.is_set():
@@ -262,8 +279,9 @@ class Soak:
                 done = Counter(r["outcome"] for r in self.runs)
                 print(f"[chaos_soak {last:.0f}s] runs {dict(done)}, in flight {len(self.live)}, "
                       f"faults {sum(self.faults.values())}", file=sys.stderr, flush=True)
-            if self.cloud.up.is_set():
-                kb = rss_kb(self.cloud.proc.pid)
+            if self.cloud.up.is_set():  # with replicas: the replicas' RSS, summed
+                pids = self.cloud.replica_pids() if self.cloud.replicas else [self.cloud.proc.pid]
+                kb = sum(rss_kb(pid) or 0 for pid in pids)
                 if kb:
                     self.rss.append([self.now(), self.cloud.incarnations[-1]["n"], kb])
             await asyncio.sleep(self.args.rss_every)
@@ -336,6 +354,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--cloud-kill-every", type=float, default=60.0, help="mean seconds between cloud kills (0 = off, for each fault)")
     ap.add_argument("--drain-every", type=float, default=0.0,
                     help="mean seconds between cloud drains (SIGTERM, then a restart; 0 = off)")
+    ap.add_argument("--replicas", type=int, default=0,
+                    help="serve on Ray Serve with this many verifier replicas (>= 2); the whole-cloud faults "
+                         "(kill, drain, freeze) are then off and replica kills on")
+    ap.add_argument("--replica-kill-every", type=float, default=30.0, help="mean seconds between replica kills")
     ap.add_argument("--secure", action="store_true",
                     help="wss:// with a self-signed certificate and the token on every hop")
     ap.add_argument("--min-uptime", type=float, default=15.0,
@@ -351,6 +373,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--delay", type=float, default=0.05, help="per proxied message: hold it up to 20 ms")
     ap.add_argument("--rss-every", type=float, default=1.0, help="seconds between RSS samples")
     args = ap.parse_args(argv)
+    if args.replicas:  # the driver process holds the Ray cluster: killing or freezing it is not a cloud fault
+        if args.replicas < 2:
+            ap.error("--replicas needs at least 2 (one to fail over to)")
+        args.cloud_kill_every = args.drain_every = args.freeze_every = 0.0
     if args.minutes <= 0 or args.edges < 1 or args.jobs < 1 or args.run_timeout <= 0:
         ap.error("--minutes, --edges, --jobs and --run-timeout must be positive")
     return args

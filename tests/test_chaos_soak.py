@@ -60,6 +60,26 @@ def test_short_soak_has_no_hang_leak_mismatch_or_unclean_error(tmp_path):
     assert "| finished, identical to target-only |" in r.stdout
 
 
+@pytest.mark.slow
+def test_short_soak_on_two_ray_replicas_with_replica_kills(tmp_path):
+    """`rapid serve --replicas 2` (a real local Ray cluster) over wss with the token: replicas
+    SIGKILLed while edges run; every finished run identical, no hang, no leaked session."""
+    pytest.importorskip("ray")
+    cmd = [sys.executable, str(SCRIPTS / "chaos_soak.py"), "--minutes", "0.5", "--edges", "2", "--seed", "5",
+           "--out", str(tmp_path), "--run-timeout", "90", "--grace", "2", "--replicas", "2", "--secure",
+           "--replica-kill-every", "12", "--edge-kill-every", "20", "--cut-all-every", "15", "--rogue-every", "5",
+           "--blackhole-every", "0", "--min-identical", "2"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=420)
+    result = json.loads((tmp_path / "report.json").read_text())
+    s, outcomes = result["summary"], result["summary"]["outcomes"]
+    why = f"{result['failures']}\n{r.stdout[-3000:]}\n{r.stderr[-2000:]}"
+    assert r.returncode == 0 and result["passed"], why
+    assert outcomes["hang"] == outcomes["mismatch"] == outcomes["unclean_error"] == 0, why
+    assert outcomes["identical"] >= 2 and s["faults"].get("replica_kill", 0) >= 1, why
+    assert s["leak"]["sessions_active"] == 0, why
+    assert "cloud_kill" not in s["faults"] and not s["rogue"]["anomalies"], why
+
+
 def _job(expected):
     return edges.Job("abc", 8, edges.SAMPLINGS[0], 0, expected)
 
