@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
-import ipaddress
 import os
 import random
 import re
@@ -42,15 +40,11 @@ from pathlib import Path
 
 import msgpack
 import websockets
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from fuzz_wire import rand_frame
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import serve
 
-from rapid.core.auth import bearer
+from rapid.core.auth import bearer, write_self_signed
 from rapid.core.procs import start_listening, start_server, stop_server
 from rapid.core.wire import (
     MAX_FRAME_BYTES,
@@ -70,7 +64,7 @@ ANSWER_TIMEOUT_S = 15.0  # > the longest cloud freeze the soak injects (8 s)
 
 @dataclass(slots=True)
 class Secure:
-    """TLS (a self-signed certificate for 127.0.0.1) and a token, written under ``folder``."""
+    """TLS (a self-signed certificate for localhost / 127.0.0.1) and a token, written under ``folder``."""
 
     cert: str
     key: str
@@ -79,22 +73,11 @@ class Secure:
 
     @classmethod
     def make(cls, folder: Path) -> Secure:
-        folder.mkdir(parents=True, exist_ok=True)
-        key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-        now = datetime.datetime.now(datetime.timezone.utc)
-        cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-                .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-                .not_valid_after(now + datetime.timedelta(days=2))
-                .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-                .add_extension(x509.BasicConstraints(ca=True, path_length=None), True).sign(key, hashes.SHA256()))
-        paths = {n: folder / n for n in ("cert.pem", "key.pem", "token")}
-        paths["cert.pem"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        paths["key.pem"].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                       serialization.NoEncryption()))
+        cert, key = write_self_signed(folder)
+        token_file = folder / "token"
         token = secrets.token_urlsafe(24)
-        paths["token"].write_text(token + "\n")
-        return cls(str(paths["cert.pem"]), str(paths["key.pem"]), str(paths["token"]), token)
+        token_file.write_text(token + "\n")
+        return cls(cert, key, str(token_file), token)
 
     def serve_flags(self) -> list[str]:
         return ["--cert", self.cert, "--key", self.key, "--token-file", self.token_file]

@@ -11,7 +11,9 @@ variable. With neither, the server runs open (local development) and logs a warn
 
 from __future__ import annotations
 
+import datetime
 import hmac
+import ipaddress
 import logging
 import os
 import ssl
@@ -20,6 +22,7 @@ from pathlib import Path
 
 from rapid.core.errors import RapidError
 from rapid.core.logsafe import register_secret
+from rapid.core.optional import import_optional
 
 ENV_VAR = "RAPID_TOKEN"
 log = logging.getLogger("rapid.core.auth")
@@ -100,3 +103,30 @@ def client_ssl_context(url: str, cafile: str | None = None) -> ssl.SSLContext | 
         except (OSError, ssl.SSLError) as e:
             raise AuthConfigError(f"cannot load CA file {cafile}: {e}") from None
     return ctx
+
+
+def write_self_signed(folder: str | os.PathLike[str], days: int = 2) -> tuple[str, str]:
+    """A self-signed certificate for ``localhost`` / 127.0.0.1 and its key, written to
+    ``folder/cert.pem`` and ``folder/key.pem`` (for tests, the soak and trying ``--cert`` out;
+    needs ``cryptography``, in ``.[dev]``). Returns (cert path, key path)."""
+    x509 = import_optional("cryptography.x509", "dev")
+    hashes = import_optional("cryptography.hazmat.primitives.hashes", "dev")
+    serialization = import_optional("cryptography.hazmat.primitives.serialization", "dev")
+    ec = import_optional("cryptography.hazmat.primitives.asymmetric.ec", "dev")
+    oid = import_optional("cryptography.x509.oid", "dev")
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(oid.NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    hosts = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=days))
+            .add_extension(x509.SubjectAlternativeName(hosts), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True).sign(key, hashes.SHA256()))
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = out / "cert.pem", out / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(cert_path), str(key_path)

@@ -9,8 +9,6 @@ If Ray cannot start, the test fails.
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import os
 import random
 import re
@@ -29,7 +27,7 @@ from collections import Counter
 
 import pytest
 
-from rapid.core.auth import client_ssl_context
+from rapid.core.auth import client_ssl_context, write_self_signed
 from rapid.core.sampling import SamplingParams
 from rapid.core.wire import Hello
 from rapid.engines.torch_engine import TorchEngine
@@ -45,27 +43,6 @@ from rapid.tiny import EOS_ID
 
 TOKEN = "ray-test-token"
 EDGES, MAX_NEW, CUT_AT, PAUSE_AT = 8, 40, 2, 4
-
-
-def _self_signed(folder):
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True).sign(key, hashes.SHA256()))
-    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return str(cert_path), str(key_path)
 
 
 def _free_port() -> int:
@@ -146,7 +123,7 @@ def ray_cloud(tiny_dir, tmp_path_factory):
         from rapid.server.ray_serve import build_app
     except ImportError as e:
         pytest.fail(f"Ray Serve is not importable (scripts/setup.sh installs the ray extra): {e}")
-    cert, key = _self_signed(tmp_path_factory.mktemp("tls"))
+    cert, key = write_self_signed(tmp_path_factory.mktemp("tls"))
     port = _free_port()
     temp_dir = tempfile.mkdtemp(prefix="rr", dir="/tmp")  # short: Ray's socket paths must fit
     env = {"OMP_NUM_THREADS": "1"}

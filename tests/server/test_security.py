@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import socket
 import ssl
 import sys
@@ -21,6 +19,7 @@ from rapid.core.auth import (
     check_authorization_headers,
     client_ssl_context,
     load_token,
+    write_self_signed,
 )
 from rapid.core.procs import free_port, start_listening, stop_server
 from rapid.core.sampling import SamplingParams
@@ -129,26 +128,8 @@ def test_health_is_open_metrics_need_the_token(cloud):
 
 
 def _self_signed(tmp_path):
-    x509 = pytest.importorskip("cryptography.x509")
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return str(cert_path), str(key_path)
+    pytest.importorskip("cryptography.x509")
+    return write_self_signed(tmp_path)
 
 
 def test_tls_and_token_end_to_end(tmp_path, tiny_pair):
