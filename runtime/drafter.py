@@ -8,7 +8,7 @@ Invariants (checked by tests):
 One expansion step is one engine call. Step 0 of a tree feeds the pending tokens (causal) and
 yields the root's children, and the prompt-lookup chains join (``runtime.lookup``); every later
 step feeds the best ``width`` expandable nodes at any depth (best-first, ``runtime.tree``). The
-proactive branch (IPDG) uses the same steps under a chosen root (``runtime.ipdg``).
+proactive branch (IPDG) uses the same steps under the chosen roots (``runtime.ipdg``).
 
 Children are ranked and scored by the draft's log-softmax under greedy decoding (or with
 ``TreeParams.coupled`` off); when the request samples they are coupled to the target's seeded
@@ -36,7 +36,7 @@ from rapid.core.geometry import ROOT, ancestor_mask, causal_allowed, node_positi
 from rapid.core.sampling import SamplingParams, log_softmax
 from rapid.engines.base import DraftEngine, StepHandle
 from rapid.runtime.coupling import coupled_top
-from rapid.runtime.ipdg import ProactiveRoot, VerdictPlan, choose_proactive_root, plan_verdict
+from rapid.runtime.ipdg import ProactiveRoot, VerdictPlan, choose_proactive_roots, plan_verdict
 from rapid.runtime.lookup import LookupStats, lookup_continuations
 from rapid.runtime.transcript import Transcript
 from rapid.runtime.tree import TokenTree, TreeParams, best_tokens
@@ -77,8 +77,8 @@ class Drafter:
         self.prefix_len = 0
         self.tree = TokenTree()
         self.levels = 0  # expansion steps already applied to the active tree
-        self.branch: ProactiveRoot | None = None
-        self.branch_node: int | None = None
+        self.branches: list[ProactiveRoot] = []  # the proactive branch's roots, best first
+        self.branch_nodes: list[int] = []  # their tree nodes, in the same order
         self._branch_width = params.width
         self.sampling = SamplingParams()
         self.lookup = LookupStats(params.lookup_p)
@@ -94,8 +94,7 @@ class Drafter:
         self.prefix_len = 0
         self.tree = TokenTree()
         self.levels = 0
-        self.branch = None  # a request that ended mid-round may have left a branch behind
-        self.branch_node = None
+        self.branches, self.branch_nodes = [], []  # a request that ended mid-round may have left a branch
         self._branch_width = self.params.width
         self.lookup = LookupStats(self.params.lookup_p)
         self._proposed = []
@@ -166,9 +165,9 @@ class Drafter:
         self.pending = self.pending[n:]
         return StepRecord(n, self.clock() - t0, "prefill")
 
-    def step(self, under: int | None = None, phase: str = "draft") -> StepRecord | None:
-        """One expansion step of the active tree (or of the branch below node ``under``): step 0
-        feeds the root, later ones the best expandable nodes (``TokenTree.frontier``)."""
+    def step(self, phase: str = "draft") -> StepRecord | None:
+        """One expansion step of the active tree: step 0 feeds the root, later ones the best
+        expandable nodes (``TokenTree.frontier``)."""
         p = self.params
         if self.levels == 0:
             n = len(self.pending)
@@ -181,13 +180,13 @@ class Drafter:
             self.tree.add_children(ROOT, p.topk, self.stop_ids)
             self.add_lookup()
         else:
-            nodes = self._frontier(under)
+            nodes = self.tree.frontier(p.width, stop_ids=self.stop_ids)
             if not nodes:
                 return None
             rec = self._feed_nodes(nodes, phase)
             for i in nodes:
                 self.tree.add_children(i, p.topk, self.stop_ids)
-        self._prune(under)
+        self.tree.prune(p.budget, floor=p.floor)
         self.levels += 1
         return rec
 
@@ -200,22 +199,23 @@ class Drafter:
         for cont in self._proposed:
             self.tree.add_chain(cont, math.log(self.lookup.p), self.stop_ids)
 
-    def _frontier(self, under: int | None) -> list[int]:
-        if under is None:
-            return self.tree.frontier(self.params.width, stop_ids=self.stop_ids)
-        return self.tree.frontier(self._branch_width, self._below(under), self.stop_ids)
+    def _below_roots(self) -> list[int]:
+        """The branch's nodes under its roots (strict descendants of any root)."""
+        roots = set(self.branch_nodes)
+        return [i for i in range(len(self.tree)) if roots.intersection(self.tree.path(i)[:-1])]
 
-    def _below(self, under: int) -> list[int]:
-        """The strict descendants of node ``under``."""
-        return [i for i in range(len(self.tree)) if under in self.tree.path(i)[:-1]]
-
-    def _prune(self, under: int | None) -> None:
-        if under is None:
-            self.tree.prune(self.params.budget, floor=self.params.floor)
-            return
-        # In a branch, prune only the branch's own nodes; D_i (sent to the cloud) stays intact.
-        kept = self.tree.prune(self.params.budget, among=self._below(under), floor=self.params.floor)
-        self.branch_node = kept.index(self.branch_node) if self.branch_node is not None else None
+    def _grow_branch(self, nodes: list[int]) -> StepRecord:
+        """Feed ``nodes`` of the branch, add their children, prune the branch's own nodes to the
+        budget (D_i, sent to the cloud, and the roots stay intact). A node's score is its
+        outcome's (the root's score + the path below it), so the roots share the budget by how
+        likely they are; ``min_p`` is applied once a root is kept, to the re-rooted scores
+        (``apply_verdict``), not to these."""
+        rec = self._feed_nodes(nodes, "branch")
+        for i in nodes:
+            self.tree.add_children(i, self.params.topk, self.stop_ids)
+        kept = self.tree.prune(self.params.budget, among=self._below_roots())
+        self.branch_nodes = [kept.index(b) for b in self.branch_nodes]
+        return rec
 
     def draft(self, depth: int, on_step: Callable[[StepRecord], None] | None = None,
               confidence_floor: float | None = None) -> list[StepRecord]:
@@ -251,70 +251,71 @@ class Drafter:
     def save_boundary(self) -> Boundary:
         return Boundary(self.tree.copy(), self.engine.kv_len)
 
-    def branch_hit(self, path: list[int], bonus: int) -> bool | None:
-        """Did the proactive branch guess the verdict (its root ends the accepted path and carries
-        the bonus)? None when no branch was chosen this round."""
-        if self.branch is None:
-            return None
+    @property
+    def branch(self) -> ProactiveRoot | None:
+        """The branch's best root (None when no branch was chosen this round)."""
+        return self.branches[0] if self.branches else None
+
+    def _hit_root(self, path: list[int], bonus: int) -> int | None:
+        """Index into ``branches`` of the root the verdict (path, bonus) lands on, if any."""
         end = path[-1] if path else ROOT
-        return self.branch.node == end and self.branch.token == bonus
+        return next((k for k, r in enumerate(self.branches) if r.node == end and r.token == bonus), None)
+
+    def branch_hit(self, path: list[int], bonus: int) -> bool | None:
+        """Did the proactive branch guess the verdict (one of its roots ends the accepted path and
+        carries the bonus)? None when no branch was chosen this round."""
+        if not self.branches:
+            return None
+        return self._hit_root(path, bonus) is not None
 
     def restore_boundary(self, b: Boundary) -> None:
         """Drop everything expanded after ``b``: the tree as saved, the KV extent as saved."""
         self.tree = b.tree.copy()
         self.engine.truncate(b.kv_len)
-        self.branch = None
-        self.branch_node = None
+        self.branches, self.branch_nodes = [], []
 
     def proactive_steps(self, decay: float = 0.1, width: int | None = None):
         """Yield complete proactive expansion steps one at a time (the caller checks feedback
         between them and simply stops iterating to interrupt).
 
         Step "leaf" feeds the best unfed nodes of D_i so their next tokens are known; then the
-        root b* is chosen and fed (step 0 of D_{i+1}); then levels below b* (steps 1, 2, …).
+        roots (``params.branch_roots`` likeliest outcomes; one with ``width`` = 1, a chain) are
+        chosen and fed in one step (step 0 of D_{i+1}); then the best ``width`` nodes below any
+        root per step (steps 1, 2, …), best first by score, so the likelier roots grow deeper.
         """
         self._branch_width = width or self.params.width
         leaves = self.tree.frontier(self.params.width, stop_ids=self.stop_ids)
         if leaves:
             yield self._feed_nodes(leaves, "leaf")
-        root = choose_proactive_root(self.tree, decay)
-        if root is None:
+        k = 1 if width == 1 else self.params.branch_roots
+        self.branches = choose_proactive_roots(self.tree, decay, k, self.params.floor)
+        if not self.branches:
             return
-        self.branch = root
         t = self.tree
-        base_depth, base_score = (0, 0.0) if root.node == ROOT else (t.depth[root.node], t.score[root.node])
-        lp = root.score - base_score - (0.0 if root.node == ROOT or not t.children(root.node) else math.log(decay))
-        b = t.add_node(root.token, root.node, base_depth + 1, base_score + lp)
-        self.branch_node = b
-        rec = self._feed_nodes([b], "branch")
-        t.add_children(b, self.params.topk, self.stop_ids)
-        self._prune(b)  # b's children are D_{i+1}'s first level: never more than the budget
-        t = self.tree
-        yield rec
+        for root in self.branches:
+            base_depth = 0 if root.node == ROOT else t.depth[root.node]
+            self.branch_nodes.append(t.add_node(root.token, root.node, base_depth + 1, root.score))
+        yield self._grow_branch(list(self.branch_nodes))  # the roots' children: D_{i+1}'s first level
         while True:
-            nodes = self._frontier(self.branch_node)
+            nodes = self.tree.frontier(self._branch_width, self._below_roots(), self.stop_ids)
             if not nodes:
                 return
-            rec = self._feed_nodes(nodes, "branch")
-            for i in nodes:
-                t.add_children(i, self.params.topk, self.stop_ids)
-            self._prune(self.branch_node)
-            t = self.tree
-            yield rec
+            yield self._grow_branch(nodes)
 
-    def branch_levels(self) -> int:
-        """Steps of D_{i+1} already done by the branch (feeding b* counts as step 0)."""
-        if self.branch_node is None or self.tree.slot[self.branch_node] < 0:
+    def branch_levels(self, root: int = 0) -> int:
+        """Steps of D_{i+1} already done below root ``root`` (feeding the roots counts as step 0)."""
+        if root >= len(self.branch_nodes) or self.tree.slot[self.branch_nodes[root]] < 0:
             return 0
-        d0 = self.tree.depth[self.branch_node]
-        fed = [self.tree.depth[i] - d0 for i in range(len(self.tree))
-               if self.tree.slot[i] >= 0 and self.branch_node in self.tree.path(i)]
+        b = self.branch_nodes[root]
+        d0 = self.tree.depth[b]
+        fed = [self.tree.depth[i] - d0 for i in range(len(self.tree)) if self.tree.slot[i] >= 0 and b in self.tree.path(i)]
         return 1 + max(fed, default=0)
 
     # ---- verdict --------------------------------------------------------------------------
     def apply_verdict(self, path: list[int], bonus: int) -> VerdictPlan:
         """Commit path + bonus; keep the branch if it guessed right, else everything is dropped."""
-        levels_kept = self.branch_levels()
+        hit_root = self._hit_root(path, bonus)
+        levels_kept = 0 if hit_root is None else self.branch_levels(hit_root)
         plan = plan_verdict(self.tree, path, bonus, self.prefix_len)
         self.lookup.observe(self._proposed, plan.emitted)
         self._proposed = []
@@ -324,8 +325,7 @@ class Drafter:
         self.pending = plan.pending
         self.tree = plan.next_tree
         self.levels = levels_kept if plan.hit and plan.next_tree.root_top is not None else 0
-        self.branch = None
-        self.branch_node = None
+        self.branches, self.branch_nodes = [], []
         if self.levels:  # a kept branch skips step 0, where lookup candidates join a new tree
             self.add_lookup()
             self.tree.prune(self.params.budget, floor=self.params.floor)

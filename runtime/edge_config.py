@@ -109,6 +109,8 @@ class EdgeConfig:
     coupled: bool = _opt(True, "tree", "under sampling, rank draft children by the draft's own log-softmax "
                          "instead of coupling them to the target's seeded noise (rapid.runtime.coupling); "
                          "without the flag they are coupled", "--no-coupled")
+    branch_roots: int = _opt(1, "tree", "roots of the proactive branch: the likeliest verdict outcomes (accepted "
+                             "path end, bonus token), fed in its first step (rapid.runtime.ipdg)")
     max_tokens: int = _opt(64, "sampling", "new tokens to generate at most")
     temperature: float = _opt(0.0, "sampling", "0 = greedy")
     top_p: float = _opt(1.0, "sampling", "sampling nucleus (1 = off)")
@@ -124,7 +126,8 @@ class EdgeConfig:
         """The TreeParams of these options (``auto``: the cap, sized per session from the cloud's curve)."""
         auto = self.budget == "auto"
         return TreeParams(self.depth, AUTO_BUDGET_CAP if auto else int(self.budget), self.topk, self.width,
-                          auto_budget=auto, coupled=self.coupled, lookup=self.lookup, min_p=self.min_p)
+                          auto_budget=auto, coupled=self.coupled, lookup=self.lookup, min_p=self.min_p,
+                          branch_roots=self.branch_roots)
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed)
@@ -135,7 +138,7 @@ class EdgeConfig:
                  ("temperature", math.isfinite(self.temperature) and self.temperature >= 0, ">= 0"),
                  ("top_p", 0 < self.top_p <= 1, "in (0, 1]"), ("min_p", 0 <= self.min_p < 1, "in [0, 1)"),
                  ("lookup", self.lookup >= 0, ">= 0"),
-                 *((name, getattr(self, name) >= 1, ">= 1") for name in ("depth", "topk", "width")))
+                 *((name, getattr(self, name) >= 1, ">= 1") for name in ("depth", "topk", "width", "branch_roots")))
         for name, ok, rule in rules:
             if not ok:
                 flag = (_FIELDS[name].metadata["flags"] or (f"--{name.replace('_', '-')}",))[0]

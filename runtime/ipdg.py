@@ -9,7 +9,9 @@ node) and the draft's best token b_v that is *not* already a child of v:
 with S(v) the cumulative draft log-probability (0 for the root). The branch is rooted at
 b* = b_{v*}, v* = argmax score. ``decay`` < 1 says that a path stopping *inside* the tree (every
 drafted child rejected) is rarer than the draft believes; leaves pay nothing. The branch is
-valid iff the cloud's accepted path ends at v* AND its bonus token equals b*.
+valid iff the cloud's accepted path ends at v* AND its bonus token equals b*. With several roots
+(``choose_proactive_roots``: the k best (v, b) pairs, one node may give several tokens) the
+branch is valid iff the verdict lands on one of them; only that root's subtree is kept.
 
 Reconciliation (``plan_verdict``). Given the tree (D_i plus any proactive nodes), the accepted
 path and bonus:
@@ -38,26 +40,40 @@ class ProactiveRoot:
     score: float
 
 
-def choose_proactive_root(tree: TokenTree, decay: float = 0.1) -> ProactiveRoot | None:
-    """argmax over known nodes of S(v) + [internal]·log(decay) + log q(b_v|v); None if nothing is known."""
+def choose_proactive_roots(tree: TokenTree, decay: float = 0.1, k: int = 1,
+                           floor: float = -math.inf) -> list[ProactiveRoot]:
+    """The ``k`` best outcomes (v, b), score descending (ties: earlier v, then the draft's rank
+    of b), every one but the first scoring >= ``floor``; [] if nothing is known.
+
+    Every token of q(·|v)'s recorded top list that is not already a child of v is a candidate,
+    so one node may give several roots. The outcomes are disjoint events (one verdict lands on
+    one (v, b)), so the chance that a branch of k roots is kept is the sum of their
+    probabilities: each extra root adds its own, at the cost of one more token in the branch's
+    first step."""
     if not 0.0 < decay <= 1.0:
         raise ValueError(f"decay must be in (0, 1], got {decay}")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
     child_tokens: dict[int, set[int]] = {}
     for j, p in enumerate(tree.parents):
         child_tokens.setdefault(p, set()).add(tree.tokens[j])
-    best: ProactiveRoot | None = None
-    candidates = [(ROOT, 0.0, tree.root_top)] + [(i, tree.score[i], tree.top[i]) for i in range(len(tree))]
-    for v, s, top in candidates:
+    cands: list[tuple[float, int, int, ProactiveRoot]] = []
+    known = [(ROOT, 0.0, tree.root_top)] + [(i, tree.score[i], tree.top[i]) for i in range(len(tree))]
+    for order, (v, s, top) in enumerate(known):
         if top is None:
             continue
         kids = child_tokens.get(v, set())
-        pick = next(((t, lp) for t, lp in top if t not in kids), None)
-        if pick is None:
-            continue
-        score = s + (math.log(decay) if kids else 0.0) + pick[1]
-        if best is None or score > best.score:
-            best = ProactiveRoot(v, pick[0], score)
-    return best
+        base = s + (math.log(decay) if kids else 0.0)
+        for rank, (t, lp) in enumerate(x for x in top if x[0] not in kids):
+            cands.append((-(base + lp), order, rank, ProactiveRoot(v, t, base + lp)))
+    cands.sort(key=lambda c: c[:3])
+    return [c[3] for n, c in enumerate(cands[:k]) if n == 0 or c[3].score >= floor]
+
+
+def choose_proactive_root(tree: TokenTree, decay: float = 0.1) -> ProactiveRoot | None:
+    """argmax over known nodes of S(v) + [internal]·log(decay) + log q(b_v|v); None if nothing is known."""
+    roots = choose_proactive_roots(tree, decay, 1)
+    return roots[0] if roots else None
 
 
 @dataclass(slots=True)

@@ -57,6 +57,7 @@ class TreeParams:
     lookup_p: float = 0.5  # prior P(lookup token right), learnt per request (rapid.runtime.lookup.LookupStats)
     min_p: float = 0.0  # send no node whose path probability exp(score) is below this (the best one always;
     # the commands' default is rapid.runtime.edge_config.DEFAULT.min_p)
+    branch_roots: int = 1  # proactive branch roots: the likeliest verdict outcomes (rapid.runtime.ipdg)
 
     @property
     def floor(self) -> float:
@@ -72,7 +73,7 @@ class TreeParams:
         return replace(self, budget=max(1, min(self.budget, max_nodes, want)))
 
     def __post_init__(self) -> None:
-        for name in ("depth", "budget", "topk", "width", "lookup_branches"):
+        for name in ("depth", "budget", "topk", "width", "lookup_branches", "branch_roots"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TreeParams.{name} must be >= 1, got {getattr(self, name)}")
         if self.lookup < 0:

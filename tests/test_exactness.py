@@ -65,10 +65,10 @@ sampling_st = st.one_of(
     prompt=st.lists(st.integers(0, 255), min_size=1, max_size=24),
     depth=st.integers(1, 8), budget=st.integers(1, 64), topk=st.integers(1, 4), width=st.integers(1, 4),
     max_new=st.integers(1, 28), sampling=sampling_st, stop_at=st.none() | st.integers(0, 27),
-    step_delays=st.lists(st.sampled_from([0.0, 0.0005, 0.002]), max_size=4),
+    step_delays=st.lists(st.sampled_from([0.0, 0.0005, 0.002]), max_size=4), roots=st.integers(1, 4),
 )
 def test_every_policy_matches_target_alone(cloud, tiny_pair, policy, draft, prompt, depth, budget, topk, width,
-                                           max_new, sampling, stop_at, step_delays):
+                                           max_new, sampling, stop_at, step_delays, roots):
     target, drafts = tiny_pair
     stop_ids = (EOS_ID,)
     if stop_at is not None:  # make a token the reference really emits a stop token: exercises early stops
@@ -76,7 +76,7 @@ def test_every_policy_matches_target_alone(cloud, tiny_pair, policy, draft, prom
         stop_ids = (EOS_ID, full[stop_at])
     expected = reference_decode(target, prompt, max_new, sampling, stop_ids)
     gen = run_edge(cloud.url, drafts[draft], policy, prompt, max_new, sampling,
-                   TreeParams(depth, budget, topk, width), stop_ids, step_delays)
+                   TreeParams(depth, budget, topk, width, branch_roots=roots), stop_ids, step_delays)
     assert gen.tokens == expected
     assert len(gen.tokens) <= max_new
     assert sum(r.emitted for r in gen.records) == len(gen.tokens)
@@ -102,15 +102,15 @@ def curve_clouds(tiny_pair):
     prompt=st.lists(st.integers(0, 255), min_size=1, max_size=24),
     depth=st.integers(1, 8), budget=st.integers(1, 64), topk=st.integers(1, 4), width=st.integers(1, 4),
     max_new=st.integers(1, 40), sampling=sampling_st,
-    step_delays=st.lists(st.sampled_from([0.0, 0.0005, 0.002]), max_size=4),
+    step_delays=st.lists(st.sampled_from([0.0, 0.0005, 0.002]), max_size=4), roots=st.integers(1, 4),
 )
 def test_cost_aware_policy_matches_target_alone_whatever_the_costs(curve_clouds, tiny_pair, curve, draft, prompt,
                                                                    depth, budget, topk, width, max_new, sampling,
-                                                                   step_delays):
+                                                                   step_delays, roots):
     target, drafts = tiny_pair
     expected = reference_decode(target, prompt, max_new, sampling, (EOS_ID,))
     gen = run_edge(curve_clouds[curve].url, drafts[draft], "rapid-cost", prompt, max_new, sampling,
-                   TreeParams(depth, budget, topk, width), (EOS_ID,), step_delays)
+                   TreeParams(depth, budget, topk, width, branch_roots=roots), (EOS_ID,), step_delays)
     assert gen.tokens == expected
     assert sum(r.emitted for r in gen.records) == len(gen.tokens)
 
@@ -143,15 +143,17 @@ sampled_st = st.builds(SamplingParams, temperature=st.sampled_from([0.5, 0.7, 1.
     prompt=st.lists(st.integers(0, 255), min_size=1, max_size=24),
     depth=st.integers(1, 8), budget=st.integers(1, 32), topk=st.integers(1, 4), width=st.integers(1, 4),
     max_new=st.integers(1, 28), sampling=sampled_st,
-    step_delays=st.lists(st.sampled_from([0.0, 0.0005, 0.002]), max_size=4),
+    step_delays=st.lists(st.sampled_from([0.0, 0.0005, 0.002]), max_size=4), roots=st.integers(1, 4),
 )
 def test_coupled_and_uncoupled_drafting_match_target_alone_under_sampling(
-        cloud, tiny_pair, policy, coupled, draft, prompt, depth, budget, topk, width, max_new, sampling, step_delays):
+        cloud, tiny_pair, policy, coupled, draft, prompt, depth, budget, topk, width, max_new, sampling, step_delays,
+        roots):
     """Coupled drafting changes only what is proposed: seeded sampling stays target-exact, every policy."""
     target, drafts = tiny_pair
     expected = reference_decode(target, prompt, max_new, sampling, (EOS_ID,))
     gen = run_edge(cloud.url, drafts[draft], policy, prompt, max_new, sampling,
-                   TreeParams(depth, budget, topk, width, coupled=coupled), (EOS_ID,), step_delays)
+                   TreeParams(depth, budget, topk, width, coupled=coupled, branch_roots=roots), (EOS_ID,),
+                   step_delays)
     assert gen.tokens == expected
 
 

@@ -123,17 +123,18 @@ def test_restore_boundary_drops_the_branch(engine):
     assert eng.kv_len == before_kv and d.tree.tokens == before_tree.tokens and d.tree.slot == before_tree.slot
 
 
-def test_proactive_branch_first_level_respects_the_budget(engine):
-    """b*'s children become D_{i+1}'s first level: pruned to the budget like every later level
-    (found by the bf16 exactness property test: edgellm with budget 1 sent a 2-node tree)."""
-    d = Drafter(engine(), TreeParams(depth=1, budget=1, topk=2, width=1))
+@pytest.mark.parametrize("roots, width", [(1, 1), (3, 2)])
+def test_proactive_branch_first_level_respects_the_budget(engine, roots, width):
+    """The roots' children become D_{i+1}'s first level: pruned to the budget like every later
+    level, over all roots together (found by the bf16 exactness property test: edgellm with
+    budget 1 sent a 2-node tree)."""
+    d = Drafter(engine(), TreeParams(depth=1, budget=1, topk=2, width=width, branch_roots=roots))
     d.start([3, 4, 5])
     d.draft(1)
-    for _ in d.proactive_steps(0.1, width=1):
-        assert d.branch_node is not None or d.branch is None
-        if d.branch_node is not None:
-            under = [i for i in range(len(d.tree)) if d.branch_node in d.tree.path(i)[:-1]]
-            assert len(under) <= 1
+    for _ in d.proactive_steps(0.1, width=width):
+        assert len(d.branch_nodes) == len(d.branches) <= (1 if width == 1 else roots)
+        under = [i for i in range(len(d.tree)) if set(d.branch_nodes).intersection(d.tree.path(i)[:-1])]
+        assert len(under) <= 1
 
 
 class NeverReady:

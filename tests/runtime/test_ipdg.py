@@ -201,14 +201,16 @@ def test_kept_branch_equals_fresh_drafting(tiny_pair, draft_name):
     assert d.tree.tokens == fresh.tree.tokens
 
 
-def test_branch_then_verdict_round_trip_is_exact(tiny_pair):
-    """Drive rounds by hand with an in-process target: hits and misses both commit target tokens."""
+@pytest.mark.parametrize("roots", [1, 3])
+def test_branch_then_verdict_round_trip_is_exact(tiny_pair, roots):
+    """Drive rounds by hand with an in-process target: hits (on any root) and misses both commit
+    target tokens, and the draft KV stays consistent."""
     target, drafts = tiny_pair
     sp = SamplingParams()
     prompt = list(b"round trip")
     session = TargetSession(target, prompt, sp)
-    eng, d = CountingEngine(drafts["partial"], capacity=1024), None
-    d = Drafter(eng, TreeParams(3, 8, 2, 2), (EOS_ID,))
+    eng = CountingEngine(drafts["partial"], capacity=1024)
+    d = Drafter(eng, TreeParams(3, 8, 2, 2, branch_roots=roots), (EOS_ID,))
     d.start(prompt)
     hits = 0
     for _ in range(12):
@@ -217,13 +219,47 @@ def test_branch_then_verdict_round_trip_is_exact(tiny_pair):
         b = d.save_boundary()
         for _, _ in zip(range(3), d.proactive_steps(), strict=False):
             pass
+        assert 1 <= len(d.branches) <= roots
         v = session.verify(toks, par)
-        br = d.branch
-        end = v.path[-1] if v.path else -1
-        if not (br and br.node == end and br.token == v.bonus):
+        if not d.branch_hit(list(v.path), v.bonus):
             d.restore_boundary(b)
         plan = d.apply_verdict(list(v.path), v.bonus)
         hits += plan.hit
         assert d.committed == session.tokens
         assert eng.kv_len == d.prefix_len + sum(s >= 0 for s in d.tree.slot)
     assert hits > 0
+
+
+def _fresh_top(draft, tokens: list[int], k: int) -> list[int]:
+    """The draft's best k next tokens after ``tokens``, computed from scratch (causal)."""
+    fresh = Drafter(TorchEngine(draft, capacity=512), TreeParams(1, 4, k, 1, lookup=0), (EOS_ID,))
+    fresh.start(tokens)
+    fresh.step()
+    return [t for t, _ in fresh.tree.root_top]
+
+
+def test_a_hit_on_a_later_root_keeps_that_roots_subtree_with_its_own_kv(tiny_pair):
+    """Several roots: a verdict landing on the second one keeps exactly its subtree, and every kept
+    fed node's next tokens are those a fresh draft computes for its path (the KV was remapped
+    right), so the next round drafts on from the kept levels."""
+    _, drafts = tiny_pair
+    draft = drafts["partial"]
+    params = TreeParams(2, 12, 2, 2, lookup=0, branch_roots=3)
+    eng, d = drafted(draft, params=params)
+    for _ in zip(range(3), d.proactive_steps(), strict=False):
+        pass
+    assert len(d.branches) >= 2
+    second, node = d.branches[1], d.branch_nodes[1]
+    expect = [d.tree.tokens[i] for i in d.tree.path(node)] + [d.tree.tokens[i] for i in d._below_roots()
+                                                                if node in d.tree.path(i)]
+    path = d.tree.path(second.node) if second.node >= 0 else []
+    assert d.branch_hit(path, second.token)
+    d.apply_verdict(path, second.token)
+    assert d.levels >= 1 and d.committed[-1] == second.token
+    assert sorted(d.tree.tokens) == sorted(expect[len(path) + 1:])
+    assert [t for t, _ in d.tree.root_top] == _fresh_top(draft, d.committed, 2)
+    for i in range(len(d.tree)):
+        if d.tree.slot[i] >= 0:
+            got = [t for t, _ in d.tree.top[i]]
+            assert got == _fresh_top(draft, d.committed + [d.tree.tokens[j] for j in d.tree.path(i)], 2)
+    assert eng.kv_len == d.prefix_len + sum(s >= 0 for s in d.tree.slot)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rapid.runtime.ipdg import ProactiveRoot, choose_proactive_root, plan_verdict
+from rapid.runtime.ipdg import ProactiveRoot, choose_proactive_root, choose_proactive_roots, plan_verdict
 from rapid.runtime.tree import ROOT, TokenTree, best_tokens
 
 FAST = settings(max_examples=80, deadline=None)
@@ -79,6 +79,36 @@ def test_choose_proactive_root_is_brute_force_argmax(seed, n, vocab, decay):
     assert got.score == pytest.approx(best, abs=1e-9)
     assert (pytest.approx(got.score, abs=1e-9), got.node, got.token) in [(c[0], c[1], c[2]) for c in cands]
     assert got.token not in {tree.tokens[j] for j in tree.children(got.node)}
+
+
+@FAST
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 12), vocab=st.integers(2, 6),
+       decay=st.floats(0.01, 1.0), k=st.integers(1, 6), floor=st.sampled_from([-math.inf, -2.0, -0.5]))
+def test_choose_proactive_roots_are_the_k_best_outcomes(seed, n, vocab, decay, k, floor):
+    tree = random_tree(np.random.default_rng(seed), n, vocab)
+    cands = []
+    for v in [ROOT, *range(len(tree))]:
+        top = tree.root_top if v == ROOT else tree.top[v]
+        kids = {tree.tokens[j] for j in tree.children(v)}
+        s = 0.0 if v == ROOT else tree.score[v]
+        cands += [(s + (math.log(decay) if kids else 0.0) + lp, v, b) for b, lp in (top or []) if b not in kids]
+    got = choose_proactive_roots(tree, decay, k, floor)
+    scores = sorted((c[0] for c in cands), reverse=True)
+    want = [x for n_, x in enumerate(scores[:k]) if n_ == 0 or x >= floor]
+    assert [r.score for r in got] == pytest.approx(want, abs=1e-9)
+    assert len({(r.node, r.token) for r in got}) == len(got)  # distinct outcomes
+    assert all((pytest.approx(r.score, abs=1e-9), r.node, r.token) in cands for r in got)
+    assert got[:1] == ([choose_proactive_root(tree, decay)] if cands else [])
+
+
+def test_choose_proactive_roots_takes_several_tokens_of_one_node():
+    tree = node_tree([(5, ROOT, 0, -0.1)], root_top=[(5, -0.1), (6, -3.0)])
+    tree.top[0] = [(7, -0.2), (8, -0.9), (9, -4.0)]
+    got = choose_proactive_roots(tree, 0.1, 4)  # -0.3, -1.0, -4.1, then the root's 6 at log(0.1) - 3
+    assert [(r.node, r.token) for r in got] == [(0, 7), (0, 8), (0, 9), (ROOT, 6)]
+    assert [(r.node, r.token) for r in choose_proactive_roots(tree, 0.1, 3, floor=-2.0)] == [(0, 7), (0, 8)]
+    with pytest.raises(ValueError):
+        choose_proactive_roots(tree, 0.1, 0)
 
 
 def test_choose_proactive_root_hand_example():
