@@ -9,21 +9,27 @@ kept, and it is kept far more often after a fully accepted round::
 
     depth* = argmax_{D in [max(min_depth, r), max_depth]}  (1 + sum_{d=1..D} P(reach d))
                                                   / (draft(D, r) + RTT + V(n(D)) - saved(D))
-    draft(D, r) = sum_{l=r..D-1} tau_hat(T_l),   T_0 = 1 (the root step), T_l = width (frontier)
+    draft(D, r) = sigma * sum_{l=r..D-1} tau_hat(T_l),   T_0 = 1 (the root step), T_l = width (frontier)
+    sigma       = ESR while CAAC's gate is shut (eta < 1), else 1     (the contended step cost)
     saved(D)    = (P(reach D) k_full + (1 - P(reach D)) k_part) * min(RTT + V(n(D)), draft(D, 0))
                   (proactive policies; 0 otherwise)
-    L = clamp(round_half_up(eta * depth*), min_depth, max_depth)       # CAAC's gate, unchanged
+    L = clamp(depth*, min_depth, max_depth)
 
 ``P(reach d)``, ``V`` (the cloud's verify curve from ``Ready``, refreshed by each verdict's
 ``verify_s``), ``n(D)``, ``RTT`` (verdict arrival - send - verify_s) and the kept-branch rates
 ``k_full`` / ``k_part`` are the estimates of :mod:`rapid.runtime.cost_model`; ``tau_hat(T)`` is
 the uncontended per-size step baseline of :mod:`rapid.runtime.step_cost` (piecewise linear
 between the sizes seen). ``saved`` charges the next round's saving to the round whose outcome
-earns it (a branch is drafted for the length of the wait, at most one tree). The step costs
-are the uncontended ones on purpose: a slowdown reaches the depth only through ``eta``, so the
-gate keeps its meaning (and its tests) and the cost model is not taught a passing load. Ties
-go to the shallower depth. Until a step, a verify time and an RTT are known (the first round),
-the depth is CAAC's.
+earns it (a branch is drafted for the length of the wait, at most one tree).
+
+Under load the gate does not multiply the depth (CAAC's ``eta * B_hat``): a slowdown raises the
+price of a draft step by ESR, the slowdown the gate measures, and the depth is the argmax at that
+price. A shrink by ``eta`` alone threw the round's acceptance away: with a slow edge (a step
+~0.4 of a verify) under a 2x load CAAC went to depth 1 and accepted under one token a round,
+where the rate at depth 2-3 is higher because the verify and the RTT are paid per round, not per
+step. Inside the band (eta = 1) sigma is 1, so the baselines, learnt without load, price a step
+and a passing jitter does not move the depth. Ties go to the shallower depth. Until a step, a
+verify time and an RTT are known (the first round), the depth is CAAC's.
 
 The proactive branch (IPDG) is unchanged; its target is this rule applied after the verdict it
 guesses (``next_depth_if``). CAAC's proactive time cap is not applied: the cost model already
@@ -39,7 +45,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 
-from rapid.runtime.caac import CAAC, CAACConfig, _round_half_up
+from rapid.runtime.caac import CAAC, CAACConfig
 from rapid.runtime.cost_model import (
     BranchYield,
     CostConfig,
@@ -125,10 +131,12 @@ class CostAwareCAAC(CAAC):
             self._reach.observe(int(accepted), int(depth))
 
     # ---- the decision --------------------------------------------------------------------
-    def cost_depth(self, reused: int = 0, proactive: bool = False) -> tuple[int, list[float]] | None:
-        """(depth*, rate by depth) from the current estimates; None while a cost is unknown."""
+    def cost_depth(self, reused: int = 0, proactive: bool = False,
+                   sigma: float = 1.0) -> tuple[int, list[float]] | None:
+        """(depth*, rate by depth) from the current estimates, a draft step priced at ``sigma``
+        times its baseline; None while a cost is unknown."""
         c, link = self.config, self._link
-        table = self._phys.baseline.classes()
+        table = {t: sigma * s for t, s in self._phys.baseline.classes().items()}
         steps = draft_seconds(table, link.width, c.max_depth, max(0, reused))
         if steps is None or link.rtt is None or self._verify.predict(1) is None:
             return None
@@ -143,13 +151,14 @@ class CostAwareCAAC(CAAC):
         return choose_depth(reach, steps, verify, link.rtt, lo)
 
     def next_depth(self, proactive: bool = False, reused: int = 0) -> CAACDecision:
-        """``clamp(round_half_up(eta * depth*))``; CAAC's depth while the costs are unknown."""
-        best = self.cost_depth(reused, proactive)
+        """``clamp(depth*)`` at the contended step price (sigma = ESR while eta < 1); CAAC's
+        depth while the costs are unknown."""
+        esr, eta = self._gate()
+        best = self.cost_depth(reused, proactive, esr if eta < 1.0 else 1.0)
         if best is None:
             return super().next_depth(proactive)
         c = self.config
-        esr, eta = self._gate()
-        depth = min(c.max_depth, max(c.min_depth, _round_half_up(eta * best[0])))
+        depth = min(c.max_depth, max(c.min_depth, best[0]))
         return self._decision(depth, esr, eta, float(best[0]), False)
 
     def next_depth_if(self, accepted: int, depth: int, b_hat: float | None = None,

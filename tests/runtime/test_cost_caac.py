@@ -141,18 +141,43 @@ def test_is_caac_until_the_costs_are_known():
     assert cost.cost_depth() is not None
 
 
-def test_the_gate_scales_the_choice_under_a_slowdown():
+def test_a_slowdown_prices_the_draft_steps_instead_of_scaling_the_depth():
+    """Under load depth* is the argmax with every step at ESR times its baseline (the gate is
+    shut, but eta does not multiply the choice); without load the price is the baseline."""
     p, s, v, rtt = REGIMES["gpu, wan"]
     ctrl = CostAwareCAAC()
     drive(ctrl, p, s, v, rtt, rounds=100)
     free = ctrl.next_depth(True)
-    assert free.eta == 1.0
+    assert free.eta == 1.0 and free.depth == ctrl.cost_depth(0, True)[0]
     drive(ctrl, p, s, v, rtt, rounds=3, slow=2.0, seed=1)  # a sustained 2x slowdown
     busy = ctrl.next_depth(True)
-    assert busy.eta < 0.8
-    assert busy.b_hat == ctrl.cost_depth(0, True)[0]  # the cost model's choice, unchanged by the load
-    assert busy.depth == max(1, min(8, int(busy.eta * busy.b_hat + 0.5)))
-    assert busy.depth < free.depth
+    assert busy.eta < 0.8 and busy.esr > 1.2
+    assert busy.depth == busy.b_hat == ctrl.cost_depth(0, True, busy.esr)[0]
+    assert busy.depth <= free.depth
+
+
+def test_under_load_the_depth_keeps_the_best_rate_where_eta_would_throw_acceptance_away():
+    """A slow edge (step ~0.4 of a verify, the PyTorch draft on a CPU), every level accepted, no
+    branch kept, a 2x load: the verify and the RTT are paid per round, so the contended argmax
+    stays deep, and its expected tokens per second at the contended price beat CAAC-style
+    ``round(eta * depth*)``."""
+    ctrl = CostAwareCAAC()
+    ctrl.observe_cloud([0, 31], [0.33, 0.34], 16, 2)
+    for _ in range(30):
+        ctrl.observe_step(0.13, 1)
+        ctrl.observe_step(0.13, 2)
+    for _ in range(30):
+        ctrl.observe_verdict(4, 8, 0.33, 0.03, accepted=4, hit=False)
+        ctrl.observe_round(4, 4, 0.36)
+    for _ in range(4):  # the load: every step twice as long
+        ctrl.observe_step(0.26, 1)
+        ctrl.observe_step(0.26, 2)
+    busy = ctrl.next_depth(True)
+    assert busy.eta < 0.75
+    rates = ctrl.cost_depth(0, True, busy.esr)[1]
+    scaled = max(1, round(busy.eta * ctrl.cost_depth(0, True)[0]))
+    assert rates[busy.depth] == max(rates) and busy.depth > scaled
+    assert rates[busy.depth] > rates[scaled]
 
 
 def test_what_if_leaves_the_state_alone_and_kept_levels_bound_the_depth():
