@@ -10,7 +10,7 @@ from pathlib import Path
 from rapid.bench.presets import NET_PROFILES, PRESETS
 from rapid.bench.prompts import default_prompt_dir
 from rapid.bench.report import write_report
-from rapid.bench.runner import BenchConfig, run_bench
+from rapid.bench.runner import BENCH_TREE, BenchConfig, run_bench
 from rapid.bench.sim_report import run_sim_cli
 from rapid.runtime.edge_config import add_edge_args
 
@@ -94,8 +94,9 @@ def main_bench(argv: list[str]) -> int:
         token_budget=opt("token_budget", a.token_budget), max_new=opt("max_new", a.max_tokens),
         schedules=_csv(opt("schedules", a.contention)), profiles=_csv(opt("profiles", a.profiles)),
         repeats=opt("repeats", a.repeats),
-        depth=a.depth, budget=a.budget, topk=a.topk, width=a.width, lookup=a.lookup, min_p=a.min_p, edge_cpu=a.edge_cpu, cloud_cpu=a.cloud_cpu,
-        net=a.net, seed=a.seed, temperature=a.temperature, top_p=a.top_p, coupled=a.coupled, engine=a.engine, smoke=a.smoke, progress=not a.no_progress,
+        **{n: getattr(a, n) for n in BENCH_TREE}, edge_cpu=a.edge_cpu, cloud_cpu=a.cloud_cpu,
+        net=a.net, seed=a.seed, temperature=a.temperature, top_p=a.top_p, engine=a.engine, smoke=a.smoke,
+        progress=not a.no_progress,
         carry_controller=not a.fresh_controller, load_device=a.load_device,
         peers=bool(opt("peers", a.peers)) and not a.smoke)
     if a.sets is None and a.prompts is None:

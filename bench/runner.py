@@ -38,7 +38,7 @@ from rapid.core.procs import free_port, start_listening, stop_server
 from rapid.core.sampling import SamplingParams
 from rapid.export.fast_draft import resolve_draft
 from rapid.runtime.coordinator import CoordinatorConfig, controller_for
-from rapid.runtime.edge_config import DEFAULT, EdgeConfig
+from rapid.runtime.edge_config import DEFAULT, EdgeConfig, group_fields
 from rapid.runtime.generate import open_edge_model
 from rapid.runtime.policies import get_policy
 from rapid.runtime.session import EdgeSession
@@ -67,6 +67,7 @@ class BenchConfig:
     width: int = DEFAULT.width
     lookup: int = DEFAULT.lookup  # prompt-lookup tokens per tree (rapid.runtime.lookup)
     min_p: float = DEFAULT.min_p  # TreeParams.min_p
+    branch_roots: int = DEFAULT.branch_roots  # IPDG roots (rapid.runtime.ipdg); every tree option is here
     edge_cpu: int = 0
     cloud_cpu: int = 1
     net: str = "auto"  # auto | netem | transport
@@ -80,6 +81,9 @@ class BenchConfig:
     load_device: str = "auto"  # auto (the edge engine's device) | cpu | cuda
     carry_controller: bool = True  # one depth controller per policy across generations, as the daemon keeps
     peers: bool = False  # also run HF assisted / prompt-lookup generation (rapid.bench.peers)
+
+
+BENCH_TREE = tuple(n for n in group_fields("tree") if n != "policy")  # BenchConfig holds each (a test checks)
 
 
 def _cpus() -> set[int]:
@@ -181,8 +185,7 @@ class _Matrix:
         return cls([get_policy(p) for p in cfg.policies], [parse_schedule(s) for s in cfg.schedules],
                    [netem.get_profile(p) for p in cfg.profiles], {k: pick(v, cfg.n_prompts) for k, v in sets.items()},
                    cpus, {cfg.edge_cpu} if two else None, {cfg.cloud_cpu} if two else None, _net_mode(cfg),
-                   *_models(cfg), EdgeConfig(depth=cfg.depth, budget=cfg.budget, topk=cfg.topk, width=cfg.width,
-                                             coupled=cfg.coupled, lookup=cfg.lookup, min_p=cfg.min_p).tree(),
+                   *_models(cfg), EdgeConfig(**{n: getattr(cfg, n) for n in BENCH_TREE}).tree(),
                    SamplingParams(cfg.temperature, cfg.top_p, 0, cfg.seed))
 
 

@@ -149,6 +149,13 @@ _FIELDS = {f.name: f for f in fields(EdgeConfig)}
 DEFAULT = EdgeConfig()
 
 
+def group_fields(group: str) -> tuple[str, ...]:
+    """The names of the options in one ``GROUPS`` group, in declaration order."""
+    if group not in GROUPS:
+        raise ValueError(f"unknown option group {group!r}; choose from {', '.join(GROUPS)}")
+    return tuple(name for name, f in _FIELDS.items() if f.metadata["group"] == group)
+
+
 def add_edge_args(parser: argparse.ArgumentParser, *groups: str, exclude: tuple[str, ...] = ()) -> None:
     """One flag per EdgeConfig field of ``groups`` (all four if none), except ``exclude``; each
     group under its own heading in ``--help``."""

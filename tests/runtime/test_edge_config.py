@@ -10,16 +10,16 @@ from dataclasses import fields
 import pytest
 
 from rapid.bench.cli import bench_parser
-from rapid.bench.runner import BenchConfig
+from rapid.bench.runner import BENCH_TREE, BenchConfig
 from rapid.cli import build_parser
 from rapid.core.errors import OptionError
 from rapid.runtime.api import Edge
 from rapid.runtime.daemon import build_parser as edge_parser
-from rapid.runtime.edge_config import DEFAULT, EdgeConfig, add_edge_args
+from rapid.runtime.edge_config import DEFAULT, EdgeConfig, add_edge_args, group_fields
 from rapid.runtime.engine_pool import EdgeService
 from rapid.runtime.session import EdgeSession
 
-TREE = ("policy", "depth", "budget", "topk", "width", "lookup", "min_p", "coupled")
+TREE = ("policy", "depth", "budget", "topk", "width", "lookup", "min_p", "coupled", "branch_roots")
 
 
 def _parsed(parser: argparse.ArgumentParser, *argv: str) -> EdgeConfig:
@@ -34,6 +34,7 @@ def test_generate_edge_and_bench_parse_to_the_default_config():
     bench = bench_parser().parse_args([])
     assert all(getattr(bench, name) == getattr(DEFAULT, name) for name in TREE[1:] + ("draft", "engine"))
     assert all(getattr(BenchConfig(out="x"), name) == getattr(DEFAULT, name) for name in TREE[1:] + ("draft",))
+    assert group_fields("tree") == TREE and BENCH_TREE == TREE[1:]  # a new tree option reaches the bench too
     demo = _parsed(build_parser(), "demo")
     assert demo.tree() == DEFAULT.tree() and demo.max_tokens == 48  # the demo's shorter answers
 
