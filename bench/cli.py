@@ -12,7 +12,9 @@ from rapid.bench.prompts import default_prompt_dir
 from rapid.bench.report import write_report
 from rapid.bench.runner import BENCH_TREE, BenchConfig, run_bench
 from rapid.bench.sim_report import run_sim_cli
+from rapid.runtime.edge_config import DEFAULT as EDGE_DEFAULT
 from rapid.runtime.edge_config import add_edge_args
+from rapid.runtime.policies import POLICIES
 
 # 4 min on the default pair (2 cores): the sustained-load comparison only, short prompts and outputs
 QUICK = dict(policies="fixed,rapid", sets="c4", n_prompts=1, token_budget=32, max_new=8,
@@ -24,6 +26,11 @@ DEFAULT = dict(policies="fixed,npdg,rapid", sets="c4,oasst", n_prompts=1, token_
 # (+ the HF peers, ~6 min more)
 VS_AR = dict(policies="ar,rapid", sets="c4,oasst,mtbench,wikitext,humaneval", n_prompts=2, token_budget=64,
              max_new=48, schedules="none", profiles="lan", repeats=3, peers=True)
+# the slow-edge regime (issue 22): the PyTorch draft (a step ~0.3-0.4 of a verify on a CPU), 30 ms RTT,
+# every policy under no load, sustained and burst load, five sets (~1 h on 2 cores; 24 tokens)
+SLOW_EDGE = dict(policies=",".join(POLICIES), sets="c4,oasst,mtbench,wikitext,humaneval", n_prompts=1,
+                 token_budget=64, max_new=24, schedules="none,sustained,burst:4:4", profiles="wan", repeats=3,
+                 draft="default-draft")
 SMOKE = dict(policies="fixed,npdg,rapid", sets="c4", n_prompts=1, token_budget=32, max_new=24,
              schedules="none,sustained", profiles="lan", repeats=3)
 
@@ -43,6 +50,9 @@ def bench_parser() -> argparse.ArgumentParser:
     ap.add_argument("--peers", action="store_const", const=True, default=None,
                     help="also run HF assisted and prompt-lookup generation on the same prompts "
                          "(rapid.bench.peers; default: only with --vs-ar)")
+    ap.add_argument("--slow-edge", action="store_true", help="~1 h: the slow-edge regime: the PyTorch draft "
+                    "(default-draft, unless --draft names another), every policy, no load / sustained / burst, "
+                    "five sets, 24 tokens, wan")
     ap.add_argument("--no-peers", dest="peers", action="store_const", const=False, help="not even with --vs-ar")
     add_edge_args(ap, "tree", exclude=("policy",))  # the edge's tree options (rapid.runtime.edge_config)
     add_edge_args(ap, "draft", exclude=("capacity", "threads"))
@@ -83,13 +93,14 @@ def main_bench(argv: list[str]) -> int:
         files = write_report(out)
         print("\n".join(str(p) for p in files.values()))
         return 0
-    preset = SMOKE if a.smoke else QUICK if a.quick else VS_AR if a.vs_ar else DEFAULT
+    preset = SMOKE if a.smoke else QUICK if a.quick else VS_AR if a.vs_ar else SLOW_EDGE if a.slow_edge else DEFAULT
+    draft = preset.get("draft", a.draft) if a.draft == EDGE_DEFAULT.draft else a.draft
 
     def opt(name: str, cli_value):
         return cli_value if cli_value is not None else preset.get(name)
 
     cfg = BenchConfig(
-        out=out, draft=a.draft, target=a.target, dtype=a.dtype, policies=_csv(opt("policies", a.policies)),
+        out=out, draft=draft, target=a.target, dtype=a.dtype, policies=_csv(opt("policies", a.policies)),
         prompts_source=a.prompts, sets=_csv(opt("sets", a.sets)), n_prompts=opt("n_prompts", a.n_prompts),
         token_budget=opt("token_budget", a.token_budget), max_new=opt("max_new", a.max_tokens),
         schedules=_csv(opt("schedules", a.contention)), profiles=_csv(opt("profiles", a.profiles)),

@@ -9,7 +9,8 @@ Round i:
         branch's root v* fixes the accepted length of that verdict: next_depth_if)
     t2  after EACH branch step, once the engine reports it complete (StepHandle.ready(): the
         CUDA event on GPU backends; the drafter polls it), read the feedback flag the link sets
-        on a verdict; interruptible policies stop there (no step starts after it)
+        on a verdict; interruptible policies stop there (no step starts after it), and start a
+        step that would run past the expected verdict only when it pays (runtime.branch_gate)
     t3  verdict: keep and remap the branch if it guessed the outcome (accepted path ends at v*
         and bonus = b*), otherwise restore the boundary; commit path + bonus; the controller
         observes round i (against the B_hat that set L_i) and settles L_{i+1}
@@ -39,6 +40,7 @@ from rapid.core.acceptance import finish
 from rapid.core.sampling import SamplingParams
 from rapid.core.wire import Hello
 from rapid.engines.base import DraftEngine
+from rapid.runtime.branch_gate import BranchGate
 from rapid.runtime.budget import settle_cloud, settle_draft
 from rapid.runtime.caac import CAAC, CAACConfig, FixedDepth
 from rapid.runtime.cost_caac import CostAwareCAAC
@@ -90,6 +92,7 @@ class Coordinator:
         # across generations; generate() resets only its logical path
         self.controller = controller if controller is not None else controller_for(policy, self.cfg)
         self.executor = executor  # the worker threads (None: the loop's default pool, shared by everyone)
+        self.gate = BranchGate()  # when an interruptible branch starts a step (runtime.branch_gate)
         self._halt = threading.Event()  # set when a generation ends: workers stop at the next step
         self._workers: set[asyncio.Future] = set()
 
@@ -113,15 +116,23 @@ class Coordinator:
         self.drafter.draft(depth, on_step, self.policy.confidence_floor)
         return count
 
-    def _branch(self, depth: int, if_hit: Callable[[int], int] | None = None) -> tuple[int, int | None]:
+    def _branch(self, depth: int, if_hit: Callable[[int], int] | None = None,
+                t_sent: float | None = None) -> tuple[int, int | None]:
         """Expand the proactive branch to ``depth`` levels, or, with ``if_hit``, to
         ``if_hit(accepted)`` once the root is chosen (``accepted`` = the verdict's length if the
-        branch guesses right); return (steps run, step after which feedback stopped it)."""
+        branch guesses right); return (steps run, step after which feedback stopped it). An
+        interruptible policy asks the gate before each step (``t_sent``: when D_i was sent)."""
         steps = 0
         width = 1 if self.policy.chain_branch else None
         d = self.drafter
-        for rec in d.proactive_steps(self.cfg.decay, width):
+        gated = self.policy.interruptible and t_sent is not None
+        it = d.proactive_steps(self.cfg.decay, width)
+        while not gated or self.gate.start(self.clock() - t_sent):
+            rec = next(it, None)
+            if rec is None:
+                break
             steps += 1
+            self.gate.observe_step(rec.seconds)
             try:
                 self._after_step(rec, "branch", steps)
             except _Halted:
@@ -245,15 +256,19 @@ class Coordinator:
         if p.proactive and p.drafting:
             boundary = d.save_boundary()
             branch_task = self._spawn(self._branch, self.controller.next_depth(True).depth,
-                                      self._if_hit(depth, decision.b_hat))
+                                      self._if_hit(depth, decision.b_hat), t_sent)
         verdict = await self.link.verdict(round_id)  # raises: _drain stops the branch first
         rec.cloud_s = self.link.arrival(round_id) - t_sent
         if branch_task is not None:
             rec.proactive_steps, rec.interrupted_at = await asyncio.shield(branch_task)
             rec.proactive_hit = d.branch_hit(list(verdict.path), verdict.bonus)
+            would = d.branch_would_hit(list(verdict.path), verdict.bonus)
+            if would is not None:  # judged even when the gate stopped it before its roots were fed
+                self.gate.observe_kept(would)
             if not rec.proactive_hit:
                 rec.discarded_steps = rec.proactive_steps
                 d.restore_boundary(boundary)
+        self.gate.observe_cloud(rec.cloud_s)  # after the branch: its worker reads the gate
         rec.wait_s = self.clock() - t_sent
         rec.verify_s = verdict.verify_s
         return verdict

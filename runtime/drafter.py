@@ -262,8 +262,16 @@ class Drafter:
         return next((k for k, r in enumerate(self.branches) if r.node == end and r.token == bonus), None)
 
     def branch_hit(self, path: list[int], bonus: int) -> bool | None:
-        """Did the proactive branch guess the verdict (one of its roots ends the accepted path and
-        carries the bonus)? None when no branch was chosen this round."""
+        """Did the proactive branch guess the verdict (one of its fed roots ends the accepted path
+        and carries the bonus)? None when no root was fed this round."""
+        if not self.branch_nodes:
+            return None
+        k = self._hit_root(path, bonus)
+        return k is not None and k < len(self.branch_nodes) and self.tree.slot[self.branch_nodes[k]] >= 0
+
+    def branch_would_hit(self, path: list[int], bonus: int) -> bool | None:
+        """Does the verdict land on one of the chosen roots, fed or not (what a branch stopped
+        before its roots were fed would have scored)? None when no root was chosen."""
         if not self.branches:
             return None
         return self._hit_root(path, bonus) is not None
@@ -285,10 +293,13 @@ class Drafter:
         """
         self._branch_width = width or self.params.width
         leaves = self.tree.frontier(self.params.width, stop_ids=self.stop_ids)
-        if leaves:
-            yield self._feed_nodes(leaves, "leaf")
         k = 1 if width == 1 else self.params.branch_roots
-        self.branches = choose_proactive_roots(self.tree, decay, k, self.params.floor)
+        if leaves:
+            rec = self._feed_nodes(leaves, "leaf")
+            self.branches = choose_proactive_roots(self.tree, decay, k, self.params.floor)
+            yield rec  # the roots are chosen (branch_would_hit can judge them) before they are fed
+        else:
+            self.branches = choose_proactive_roots(self.tree, decay, k, self.params.floor)
         if not self.branches:
             return
         t = self.tree

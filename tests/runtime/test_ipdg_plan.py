@@ -9,7 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rapid.runtime.ipdg import ProactiveRoot, choose_proactive_root, choose_proactive_roots, plan_verdict
+from rapid.runtime.ipdg import (
+    ProactiveRoot,
+    choose_proactive_root,
+    choose_proactive_roots,
+    plan_verdict,
+)
 from rapid.runtime.tree import ROOT, TokenTree, best_tokens
 
 FAST = settings(max_examples=80, deadline=None)

@@ -1,0 +1,83 @@
+"""rapid.runtime.branch_gate: when an interruptible branch starts its next step (pure), and the
+coordinator asking it before every branch step of a real (tiny) draft."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_ipdg import CountingEngine, FlagLink  # noqa: E402  (beside this file)
+
+from rapid.runtime.branch_gate import BranchGate
+from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
+from rapid.runtime.drafter import Drafter
+from rapid.runtime.policies import POLICIES
+from rapid.runtime.tree import TreeParams
+from rapid.tiny import EOS_ID
+
+
+def gate(cloud: float, step: float, p: float | None) -> BranchGate:
+    g = BranchGate()
+    g.observe_cloud(cloud)
+    g.observe_step(step)
+    if p is not None:
+        g.p_kept = p
+    return g
+
+
+def test_the_rule_by_hand():
+    g = gate(0.4, 0.3, 0.5)
+    assert g.start(0.0)  # 0.3 <= 0.4: ends before the verdict
+    assert g.start(0.1)  # ends at it
+    # at t = 0.3: overlap 0.1, overrun 0.2; p = 0.5: 0.05 < 0.1 -> no
+    assert not g.start(0.3)
+    g.p_kept = 0.7  # 0.07 >= 0.06 -> yes
+    assert g.start(0.3)
+    assert not gate(0.4, 0.3, 0.99).start(0.5)  # overdue: only a certain branch starts a step
+    assert gate(0.4, 0.3, 1.0).start(0.5)
+
+
+def test_unknown_costs_start_every_step_and_the_prior_stands_in_for_p():
+    assert BranchGate().start(10.0)
+    assert gate(0.4, 0.0, None).start(10.0)
+    g = gate(0.4, 0.3, None)
+    assert g.p == g.prior
+    g.observe_kept(True)
+    assert g.p == 1.0
+    g.observe_kept(False)
+    assert g.p == pytest.approx(0.7)
+    with pytest.raises(ValueError):
+        BranchGate(alpha=0.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cloud=st.floats(0.001, 2.0), step=st.floats(0.001, 2.0), p=st.floats(0.0, 1.0), t=st.floats(0.0, 3.0),
+       later=st.floats(0.0, 1.0), more=st.floats(0.0, 0.5))
+def test_a_later_start_or_a_less_likely_branch_never_turns_no_into_yes(cloud, step, p, t, later, more):
+    """The expected gain falls and the expected overrun grows with t; both favour p."""
+    if not gate(cloud, step, p).start(t):
+        assert not gate(cloud, step, p).start(t + later)
+        assert not gate(cloud, step, max(0.0, p - more)).start(t)
+
+
+def _drafted(tiny_pair):
+    _, drafts = tiny_pair
+    eng = CountingEngine(drafts["partial"], capacity=512)
+    d = Drafter(eng, TreeParams(3, 10, 2, 2), (EOS_ID,))
+    d.start(list(b"abc def"))
+    d.draft(3)
+    return eng, d
+
+
+@pytest.mark.parametrize("policy, p, runs", [("ipdg", 0.0, False), ("ipdg", 1.0, True), ("rapid", 0.0, False),
+                                             ("npdg", 0.0, True)])
+def test_the_coordinator_asks_the_gate_before_every_interruptible_branch_step(tiny_pair, policy, p, runs):
+    """A cloud expected in 1 ms and a branch step of 1 s: a branch that is never kept starts no
+    step, a certain one runs; npdg (not interruptible, SpecEdge) ignores the gate."""
+    eng, d = _drafted(tiny_pair)
+    coord = Coordinator(d, FlagLink(), POLICIES[policy], CoordinatorConfig(depth=3))
+    coord.gate = gate(0.001, 1.0, p)
+    before = eng.calls
+    steps, interrupted = coord._branch(3, None, coord.clock())
+    assert interrupted is None
+    assert (steps > 0) == runs and eng.calls - before == steps
