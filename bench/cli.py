@@ -85,14 +85,9 @@ def bench_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main_bench(argv: list[str]) -> int:
-
-    a = bench_parser().parse_args(argv)
-    out = Path(a.out or f"bench-out/{time.strftime('%Y%m%d-%H%M%S')}")
-    if a.report_only:
-        files = write_report(out)
-        print("\n".join(str(p) for p in files.values()))
-        return 0
+def bench_config(a: argparse.Namespace, out: Path) -> BenchConfig:
+    """The run a parsed command line asks for: its preset (--smoke, --quick, --vs-ar,
+    --slow-edge, else the default run) under the flags given."""
     preset = SMOKE if a.smoke else QUICK if a.quick else VS_AR if a.vs_ar else SLOW_EDGE if a.slow_edge else DEFAULT
     draft = preset.get("draft", a.draft) if a.draft == EDGE_DEFAULT.draft else a.draft
 
@@ -115,6 +110,17 @@ def main_bench(argv: list[str]) -> int:
             cfg.sets = None
         elif a.smoke:
             cfg.sets = ["c4"]
+    return cfg
+
+
+def main_bench(argv: list[str]) -> int:
+    a = bench_parser().parse_args(argv)
+    out = Path(a.out or f"bench-out/{time.strftime('%Y%m%d-%H%M%S')}")
+    if a.report_only:
+        files = write_report(out)
+        print("\n".join(str(p) for p in files.values()))
+        return 0
+    cfg = bench_config(a, out)
     t0 = time.perf_counter()
     run_bench(cfg)
     files = write_report(out)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 import inspect
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
-from rapid.bench.cli import bench_parser
+from rapid.bench.cli import bench_config, bench_parser
 from rapid.bench.runner import BENCH_TREE, BenchConfig
 from rapid.cli import build_parser
 from rapid.core.errors import OptionError
@@ -17,6 +18,7 @@ from rapid.runtime.api import Edge
 from rapid.runtime.daemon import build_parser as edge_parser
 from rapid.runtime.edge_config import DEFAULT, EdgeConfig, add_edge_args, group_fields
 from rapid.runtime.engine_pool import EdgeService
+from rapid.runtime.policies import POLICIES
 from rapid.runtime.session import EdgeSession
 
 TREE = ("policy", "depth", "budget", "topk", "width", "lookup", "min_p", "coupled", "branch_roots")
@@ -72,3 +74,12 @@ def test_flags_follow_the_fields_and_older_spellings_still_parse():
     assert DEFAULT.tree().auto_budget and DEFAULT.sampling().greedy
     with pytest.raises(ValueError, match="unknown option groups"):
         add_edge_args(argparse.ArgumentParser(), "trees")
+
+
+def test_the_slow_edge_regime_is_the_pytorch_draft_every_policy_and_three_loads():
+    cfg = bench_config(bench_parser().parse_args(["--slow-edge"]), Path("x"))
+    assert cfg.draft == "default-draft" and cfg.policies == list(POLICIES)
+    assert cfg.schedules == ["none", "sustained", "burst:4:4"] and cfg.profiles == ["wan"] and cfg.repeats == 3
+    named = bench_config(bench_parser().parse_args(["--slow-edge", "--draft", "my-export", "--branch-roots", "3"]),
+                         Path("x"))
+    assert named.draft == "my-export" and named.branch_roots == 3
