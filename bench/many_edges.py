@@ -118,6 +118,8 @@ def run(edges: list[int], max_new: int, repeats: int, target: str, draft: str) -
                 rows.append(_row(n, policy, waves))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
             same = same and outputs["rapid"] == outputs["ar"]
+            for s in (s for group in sessions.values() for s in group):
+                s.close()
         return {"rows": rows, "identical": same, "max_new": max_new, "repeats": repeats, "draft": draft,
                 "target": target, "cores": [sorted(c) for c in cores] if cores else None}
     finally:

@@ -252,8 +252,8 @@ def _warm_up(cfg: BenchConfig, m: _Matrix, edge, encoded: dict, url: str) -> dic
     # one warm-up per policy whose depth reacts to the baseline (plus the first policy)
     warm = [p for i, p in enumerate(m.policies) if i == 0 or (cfg.carry_controller and p.adaptive_depth)]
     for pol in warm:
-        session = EdgeSession(edge, url, policy=pol, tree=m.tree, controller=ctrls.get(pol.name))
-        asyncio.run(session.generate(first, 8 if cfg.carry_controller else 2, m.sampling))
+        with EdgeSession(edge, url, policy=pol, tree=m.tree, controller=ctrls.get(pol.name)) as session:
+            asyncio.run(session.generate(first, 8 if cfg.carry_controller else 2, m.sampling))
     return ctrls
 
 
@@ -274,11 +274,11 @@ def _peers(cfg: BenchConfig, draft: str, target: str, encoded, cpus: set[int] | 
 
 def _one(out, edge, tree, sampling, cfg, pol, url, ids, load: LoadProcess, sched: Schedule, row_meta,
          controller) -> None:
-    session = EdgeSession(edge, url, policy=pol, tree=tree, controller=controller)
-    load.start_epoch()
-    t0 = time.perf_counter()  # the schedule's epoch on the coordinator's clock
-    gen = asyncio.run(session.generate(ids, cfg.max_new, sampling))
-    load.pause()
+    with EdgeSession(edge, url, policy=pol, tree=tree, controller=controller) as session:
+        load.start_epoch()
+        t0 = time.perf_counter()  # the schedule's epoch on the coordinator's clock
+        gen = asyncio.run(session.generate(ids, cfg.max_new, sampling))
+        load.pause()
     with open(out / "rounds.jsonl", "a", encoding="utf-8") as f:
         for r in gen.records:
             row = asdict(r)

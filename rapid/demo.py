@@ -59,18 +59,19 @@ def run_demo(args) -> int:
         edge = open_edge_model(draft, args.engine, args.capacity, args.threads)
         tree, sampling = config.tree(), config.sampling()
         rows = []
-        spec, alone = EdgeSession(edge, url, policy=args.policy, tree=tree), EdgeSession(edge, url, policy="ar", tree=tree)
-        for name, text, chat in PROMPTS[: args.num_prompts]:
-            ids = encode_prompt(edge.tokenizer, text, chat)
-            print(f"\n=== [{name}] {text.strip()[:70]!r} — policy {args.policy}", flush=True)
-            gen, _ = asyncio.run(spec.generate_text(ids, args.max_tokens, sampling, stream=sys.stdout))
-            print(f"\n--- {gen.summary.line()}")
-            ref = asyncio.run(alone.generate(ids, args.max_tokens, sampling))
-            rows.append((name, gen, ref, ref.tokens == gen.tokens))
-            print(f"--- target alone: {ref.summary.line()}")
-            print(f"--- identical: {'yes' if rows[-1][3] else 'NO'}; {args.policy} {gen.summary.tokens_per_s:.2f} tok/s, "
-                  f"target alone {ref.summary.tokens_per_s:.2f} tok/s: {gen.summary.tokens_per_s / ref.summary.tokens_per_s:.2f}x",
-                  flush=True)
+        with EdgeSession(edge, url, policy=args.policy, tree=tree) as spec, \
+                EdgeSession(edge, url, policy="ar", tree=tree) as alone:
+            for name, text, chat in PROMPTS[: args.num_prompts]:
+                ids = encode_prompt(edge.tokenizer, text, chat)
+                print(f"\n=== [{name}] {text.strip()[:70]!r} — policy {args.policy}", flush=True)
+                gen, _ = asyncio.run(spec.generate_text(ids, args.max_tokens, sampling, stream=sys.stdout))
+                print(f"\n--- {gen.summary.line()}")
+                ref = asyncio.run(alone.generate(ids, args.max_tokens, sampling))
+                rows.append((name, gen, ref, ref.tokens == gen.tokens))
+                print(f"--- target alone: {ref.summary.line()}")
+                print(f"--- identical: {'yes' if rows[-1][3] else 'NO'}; {args.policy} {gen.summary.tokens_per_s:.2f} tok/s, "
+                      f"target alone {ref.summary.tokens_per_s:.2f} tok/s: {gen.summary.tokens_per_s / ref.summary.tokens_per_s:.2f}x",
+                      flush=True)
         _print_table(rows, args.policy, where)
         all_same = all(r[3] for r in rows)
         print(f"\ndemo wall time {time.perf_counter() - t_all:.0f}s; identical on every prompt: "

@@ -11,7 +11,7 @@
 Every call is one cloud session; the output is exactly what the target alone would emit
 (greedy, or sampling seeded by ``seed``). One ``Edge`` holds one engine, so its calls run one at
 a time (later ones wait); make several ``Edge`` objects — or run ``rapid edge --parallel N`` — for
-concurrency.
+concurrency. ``with Edge(...) as edge:`` (or ``edge.close()``) ends its worker threads.
 """
 
 from __future__ import annotations
@@ -66,6 +66,16 @@ class Edge:
                                    token=token if token is not None else load_token(None),
                                    ssl=client_ssl_context(cloud, cafile))
         self._lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+
+    def close(self) -> None:
+        """End the session's worker threads; the ``Edge`` refuses calls afterwards."""
+        self.session.close()
+
+    def __enter__(self) -> Edge:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def tokenizer(self):

@@ -143,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
                             timeout_graceful_shutdown=args.shutdown_timeout, access_log=False)
     server = _Server(config)
     log.info("rapid edge: %s engine(s) of %s, cloud %s, API on http://%s:%s/v1", len(edges), source, args.cloud, host, port)
-    server.run()  # returns after SIGTERM / SIGINT once in-flight requests finish
+    try:
+        server.run()  # returns after SIGTERM / SIGINT once in-flight requests finish
+    finally:
+        service.close()
     log.info("rapid edge stopped")
     return 0

@@ -116,6 +116,11 @@ class EdgeService:
                                             link_options=self.link_options) for e in edges}
         self._health: tuple[float, str | None] | None = None  # (checked at, problem) for /health
 
+    def close(self) -> None:
+        """End every session's worker threads (after the requests in flight; the daemon's exit)."""
+        for s in self.sessions.values():
+            s.close()
+
     async def cloud_problem(self) -> str | None:
         """Why the cloud cannot serve now (``probe_cloud``), re-checked at most every HEALTH_TTL_S."""
         now = time.monotonic()

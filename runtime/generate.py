@@ -80,8 +80,8 @@ def run_generate(args) -> int:
     ssl = client_ssl_context(args.cloud, args.cafile)
     edge = open_edge_model(args.draft, args.engine, args.capacity, args.threads)
     ids = encode_prompt(edge.tokenizer, args.prompt, args.chat)
-    session = EdgeSession(edge, args.cloud, policy=args.policy, tree=config.tree(), token=token, ssl=ssl)
-    gen, _ = asyncio.run(session.generate_text(ids, args.max_tokens, config.sampling(), stream=sys.stdout))
+    with EdgeSession(edge, args.cloud, policy=args.policy, tree=config.tree(), token=token, ssl=ssl) as session:
+        gen, _ = asyncio.run(session.generate_text(ids, args.max_tokens, config.sampling(), stream=sys.stdout))
     sys.stdout.write("\n")
     sys.stdout.flush()
     if args.trace:

@@ -11,6 +11,9 @@ session's and is kept across calls (``controller``): its latency baseline is the
 contention that began before a request is still seen as contention. ``rapid generate``, the
 Python API (``rapid.runtime.api.Edge``), ``rapid edge`` (one session per engine) and
 ``rapid bench`` (one per engine and policy) all go through here.
+
+A session owns two worker threads; ``close()`` (or ``with EdgeSession(...) as session:``) ends
+them once no step is left running. A closed session refuses further requests.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TextIO
 
+from rapid.core.errors import SessionClosedError
 from rapid.core.sampling import SamplingParams
 from rapid.runtime.coordinator import CoordinatorConfig, Generation, assemble, controller_for
 from rapid.runtime.depth_control import DepthController
@@ -46,6 +50,18 @@ class EdgeSession:
         # the session's own worker threads (one drafting step at a time, a spare for a draining one):
         # with many sessions in one process, asyncio's default pool (cores + 4) would queue their steps
         self.workers = ThreadPoolExecutor(2, thread_name_prefix="rapid-draft")
+        self.closed = False
+
+    def close(self) -> None:
+        """End the worker threads, after any drafting step still running (idempotent)."""
+        self.closed = True
+        self.workers.shutdown(wait=True)
+
+    def __enter__(self) -> EdgeSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def link(self) -> CloudLink:
         return CloudLink(self.cloud, token=self.token, ssl=self.ssl, tokenizer=self.model.fingerprint,
@@ -57,6 +73,8 @@ class EdgeSession:
                        link: CloudLink | None = None) -> Generation:
         """One request (see the module docstring and ``Coordinator.generate``); ``link``: one made
         by the caller (to read its stats afterwards), else the session's own."""
+        if self.closed:
+            raise SessionClosedError(f"edge session to {self.cloud} is closed; open a new EdgeSession")
         link = link or self.link()
         try:
             coord = assemble(self.model.engine, self.tree, self.model.stop_ids, link, self.policy, self.config,

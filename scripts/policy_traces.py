@@ -74,8 +74,8 @@ def main() -> int:
                     p.start()
                     load.append(p)
 
-            session = EdgeSession(edge, url, policy=name, tree=tree)
-            gen = asyncio.run(session.generate(ids, args.max_tokens, on_tokens=on_tokens))
+            with EdgeSession(edge, url, policy=name, tree=tree) as session:
+                gen = asyncio.run(session.generate(ids, args.max_tokens, on_tokens=on_tokens))
             for p in load:
                 p.terminate()
             if reference is None:

@@ -68,9 +68,9 @@ class RealSoak:
             i, policy = rng.randrange(len(prompts)), POLICIES[(k + n) % len(POLICIES)]
             n += 1
             t = time.monotonic()
+            session = self.session(model, policy)
             try:
-                gen = await asyncio.wait_for(self.session(model, policy).generate(prompts[i], self.args.max_tokens),
-                                             self.args.run_timeout)
+                gen = await asyncio.wait_for(session.generate(prompts[i], self.args.max_tokens), self.args.run_timeout)
                 outcome, detail = ("identical", "") if gen.tokens == refs[i] else ("mismatch", f"prompt {i}")
             except TimeoutError:
                 outcome, detail = "hang", f"prompt {i}"
@@ -78,6 +78,8 @@ class RealSoak:
                 outcome, detail = "clean_error", f"{type(e).__name__}: {str(e)[:80]}"
             except Exception as e:  # noqa: BLE001 - counted as a failure, never fatal to the soak
                 outcome, detail = "unclean_error", f"{type(e).__name__}: {e}"
+            finally:
+                session.close()  # its workers: generate has already drained them
             self.runs.append({"slot": k, "policy": policy, "prompt": i, "outcome": outcome, "detail": detail,
                               "start_s": round(t - self.t0, 1), "wall_s": round(time.monotonic() - t, 1)})
             print(f"[real_pair_soak {time.monotonic() - self.t0:.0f}s] {policy} prompt {i}: {outcome} {detail}",

@@ -13,3 +13,7 @@ class ContextFullError(RapidError):
 
 class OptionError(RapidError, ValueError):
     """An option's value is outside its range; the message names the option and the rule."""
+
+
+class SessionClosedError(RapidError):
+    """A request reached an edge session after ``close()``."""
