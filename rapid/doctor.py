@@ -133,6 +133,7 @@ def target_rows(spec: str) -> list[tuple[str, str]]:
 
     modeling = import_optional("rapid.modeling", "cloud")
     invariance = import_optional("rapid.server.invariance", "cloud")
+    serve_config = import_optional("rapid.server.serve_config", "cloud")
     vc = import_optional("rapid.server.verify_curve", "cloud")
     dtype = choose_dtype("auto", "cpu", cpu_flags()).dtype
     torch.set_num_threads(1)
@@ -141,7 +142,7 @@ def target_rows(spec: str) -> list[tuple[str, str]]:
     rows = [(f"verify curve ({dtype}, 1 thread)", vc.curve_line(points) + " (128-token prefix)"),
             ("flat up to", f"{vc.flat_nodes(points)} tree nodes (what --budget auto uses)"),
             ("memory roofline", vc.roofline_line(model, points[0].ms, vc.read_bandwidth_gbs())),
-            ("verify mode", _verify_mode_line(invariance.check_invariance(model, 64)))]
+            ("verify mode", _verify_mode_line(invariance.check_invariance(model, serve_config.DEFAULT.max_context)))]
     if dtype != "float32":
         model = model.float()
         rows.insert(1, ("verify curve (float32, 1 thread)", vc.curve_line(vc.measure_curve(model))))

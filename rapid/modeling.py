@@ -107,19 +107,6 @@ class KVStore(Protocol):
         ...
 
 
-class RowLayout(Protocol):
-    """Where attention runs when a forward's rows are not one causal block per batch row
-    (``rapid.server.chains``: U unique rows, attention per chain of L slots)."""
-
-    def gather(self, t: torch.Tensor) -> torch.Tensor:
-        """``[1, H, U, d]`` → ``[C, H, L, d]``."""
-        ...
-
-    def scatter(self, t: torch.Tensor) -> torch.Tensor:
-        """``[C, H, L, d]`` → ``[1, H, U, d]``."""
-        ...
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -162,16 +149,14 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias)
 
-    def forward(self, x, cos, sin, mask, kv: KVStore, layer: int, layout: RowLayout | None = None) -> torch.Tensor:
+    def forward(self, x, cos, sin, mask, kv: KVStore, layer: int) -> torch.Tensor:
         c, B, T = self.c, x.shape[0], x.shape[1]
         q = self.q_proj(x).view(B, T, c.num_heads, c.head_dim).transpose(1, 2)  # [B, H, T, d]
         k = self.k_proj(x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)  # [B, KVH, T, d]
         v = self.v_proj(x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        if layout is not None:
-            q = layout.gather(q)  # [C, H, L, d]; the store gathers k and v
-        k_all, v_all = kv.attend_kv(layer, k, v)  # [B or C, KVH, S, d]
+        k_all, v_all = kv.attend_kv(layer, k, v)  # [B, KVH, S, d]
         group = c.num_heads // c.num_kv_heads
         if group > 1:
             k_all = k_all.repeat_interleave(group, dim=1)
@@ -180,8 +165,6 @@ class Attention(nn.Module):
         upcast = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
         probs = torch.softmax(upcast, dim=-1).to(q.dtype)
         out = torch.matmul(probs, v_all)
-        if layout is not None:
-            out = layout.scatter(out)  # [1, H, U, d]
         out = out.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim)
         return self.o_proj(out)
 
@@ -205,8 +188,8 @@ class Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_eps)
         self.mlp = MLP(c)
 
-    def forward(self, x, cos, sin, mask, kv: KVStore, layer: int, layout: RowLayout | None = None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, kv, layer, layout)
+    def forward(self, x, cos, sin, mask, kv: KVStore, layer: int) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, kv, layer)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -254,12 +237,11 @@ class Decoder(nn.Module):
         attn_mask: torch.Tensor,  # [B, 1, T, P+T] additive, model dtype
         kv: KVStore,
         logits_rows: torch.Tensor | None = None,  # [R] rows of T to project; None = all
-        layout: RowLayout | None = None,  # attention in another layout (mask and kv in that layout)
     ) -> torch.Tensor:  # [B, T or R, V]
         x = self.embed_tokens(input_ids)
         cos, sin = self.rope(position_ids, x.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, attn_mask, kv, i, layout)
+            x = layer(x, cos, sin, attn_mask, kv, i)
         if logits_rows is not None:
             x = x[:, logits_rows]
         return self.lm_head(self.norm(x))

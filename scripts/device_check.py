@@ -164,20 +164,24 @@ def batched_on_gpu(tgt_gpu, tgt_cpu, drf_dir: str) -> bool:
 
 
 def bf16_invariance(tgt_dir: str) -> None:
-    """5. Tree rows vs one-token steps on the GPU (the torch forward: the row-invariant kernels are
-    CPU-only, so a CUDA target's verify mode is measured, not constructed). Reported, not
-    required: where rows differ, ``rapid serve --verify auto`` verifies sequentially.
+    """5. Tree rows vs one-token steps on the GPU (``rapid.server.block_forward``: cuBLAS and the
+    softmax called at fixed shapes only — 64-row blocks, attention in 8 x 8-row segments over
+    256-multiple key slots; the row kernels are CPU-only). Reported, not required: where a
+    position differs, ``rapid serve --verify auto`` verifies sequentially.
 
     - the stress of tests/server/test_invariance_stress.py at the default target's layer shapes
       (2 layers, 4096-token vocabulary): rows compared / differing, bf16 and fp32;
-    - ``thorough_probe`` (what ``rapid serve`` runs at start-up on a CUDA target) on the tiny target;
-    - the verify curve of the layer stack on the GPU.
+    - ``position_probe`` up to 4096 keys (what ``rapid serve`` runs at start-up on a CUDA target)
+      on the layer stack and on the tiny target, and its time;
+    - the verify curve of the layer stack on the GPU, and a 2,000-token prefill's time.
     """
     from transformers import AutoModelForCausalLM
 
+    from rapid.core.sampling import SamplingParams
     from rapid.modeling import Decoder, DecoderConfig
-    from rapid.server.invariance import thorough_probe
+    from rapid.server.invariance import position_probe
     from rapid.server.invariance_stress import stress
+    from rapid.server.target import TargetSession
     from rapid.server.verify_curve import curve_line, measure_curve
 
     shapes = DecoderConfig("qwen2", 4096, 1536, 2, 12, 2, 128, 8960, 1e-6, 1e6, True, False, False, True, 32768, (0,))
@@ -198,9 +202,16 @@ def bf16_invariance(tgt_dir: str) -> None:
         print(f"- stress on the GPU, {dtype}, default target's layer shapes: {check.rows} rows compared, "
               f"{check.differing} differ (max |dlogit| {check.max_abs_diff:.3g}), {time.perf_counter() - t0:.0f} s")
         print(f"- verify curve on the GPU, {dtype}, 2-layer stack: {curve_line(measure_curve(model))}")
-        probe = thorough_probe(tiny.to(device="cuda", dtype=dtype), 64)
-        print(f"- start-up thorough_probe, tiny target, {dtype}: {probe.rows} rows, {probe.differing} differ "
-              f"-> rapid serve would verify {'trees' if probe.invariant else 'sequentially'}")
+        t0 = time.perf_counter()
+        TargetSession(model, list(range(1, 2001)), SamplingParams(), capacity=2100)
+        torch.cuda.synchronize()
+        print(f"- a 2,000-token prefill, 2-layer stack, {dtype}: {time.perf_counter() - t0:.2f} s")
+        for name, m in (("2-layer stack", model), ("tiny target", tiny.to(device="cuda", dtype=dtype))):
+            t0 = time.perf_counter()
+            probe = position_probe(m, 4096)
+            print(f"- start-up position_probe to 4096 keys, {name}, {dtype}: {probe.rows} rows, {probe.differing} "
+                  f"differ, {time.perf_counter() - t0:.1f} s -> rapid serve would verify "
+                  f"{'trees' if probe.invariant else 'sequentially'}")
 
 
 if __name__ == "__main__":

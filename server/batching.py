@@ -83,7 +83,7 @@ def _forward_rows(items) -> list[Verdict | Exception]:
     """The batched forward (every session's chains, ``rapid.server.chains``); raises only before
     any session state changed."""
     sessions = [s for s, _, _ in items]
-    results = forward_chains(sessions[0].model, [s.chain_job(t, p) for s, t, p in items], sessions[0].min_rows)
+    results = forward_chains(sessions[0].model, [s.chain_job(t, p) for s, t, p in items])
     verdicts: list[Verdict | Exception] = []
     for s, (_, tokens, parents), result in zip(sessions, items, results, strict=True):
         try:

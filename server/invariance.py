@@ -11,15 +11,16 @@ and, for a batch of sessions, each session's rows in the batched forward equal i
 
 On the CPU the target runs ``rapid.server.row_forward``, whose kernels make this true by
 construction; there ``probe`` only *confirms* it cheaply (a wrong build, say). Elsewhere (a
-CUDA target, float64, no native library) library kernels promise nothing, so
-``thorough_probe`` measures what the stress test measures: every row count 1 … budget + 1, key
-lengths across 64 / 128 / 256, and a batch of sessions — and ``rapid serve`` verifies
-sequentially unless all of it is bitwise. Random token ids are used: the arithmetic, not the
-text, matters.
+CUDA target, float64, no native library) ``rapid.server.block_forward`` calls library kernels
+at fixed shapes only, which leaves one thing a row's arithmetic could depend on: its position in
+a block. ``position_probe`` enumerates those positions for every key-slot count up to the
+context, and ``rapid serve`` verifies sequentially unless all of it is bitwise. Random token ids
+are used: the arithmetic, not the text, matters.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,11 +29,9 @@ import numpy as np
 from rapid.core.acceptance import Verdict
 from rapid.core.sampling import SamplingParams
 from rapid.modeling import Decoder
-from rapid.server import row_forward, rowops
+from rapid.server import block_forward, row_forward, rowops
 from rapid.server.chains import forward_chains
 from rapid.server.target import TargetSession
-
-PROBE_PREFIXES = (60, 120, 250)  # thorough_probe: prefix lengths whose trees cross 64, 128 and 256 keys
 
 
 @dataclass(slots=True, frozen=True)
@@ -96,23 +95,10 @@ def compare_tree(model: Decoder, prompt: Sequence[int], tokens: Sequence[int],
 def compare_batch(model: Decoder, trees: Sequence[tuple[Sequence[int], Sequence[int], Sequence[int]]]) -> RowCheck:
     """Each (prompt, tokens, parents) tree in one batched forward vs its target-alone steps."""
     sessions = [_session(model, p, len(t)) for p, t, _ in trees]
-    results = forward_chains(model, [s.chain_job(t, par) for s, (_, t, par) in zip(sessions, trees, strict=True)],
-                             sessions[0].min_rows)
+    results = forward_chains(model, [s.chain_job(t, par) for s, (_, t, par) in zip(sessions, trees, strict=True)])
     check = NO_ROWS
     for s, (_, t, par), result in zip(sessions, trees, results, strict=True):
         check = check.merge(compare_rows(s.logits(result), step_rows(s, t, par)))
-    return check
-
-
-def compare_chain_prefixes(model: Decoder, prompt: Sequence[int], chain: Sequence[int]) -> RowCheck:
-    """Every row count at once: the forwards of the chain's first 0, 1, … n nodes (1 … n + 1
-    rows) against one walk of target-alone steps along the chain."""
-    s = _session(model, prompt, len(chain))
-    parents = list(range(-1, len(chain) - 1))
-    want = step_rows(s, chain, parents)
-    check = NO_ROWS
-    for n in range(len(chain) + 1):
-        check = check.merge(compare_rows(s.logits(s.forward_tree(chain[:n], parents[:n])), want[:n + 1]))
     return check
 
 
@@ -131,40 +117,64 @@ def probe(model: Decoder, seed: int = 0, prefix: int = 12) -> RowCheck:
                                              branchy]))
 
 
-def thorough_probe(model: Decoder, budget: int, seed: int = 0,
-                   prefixes: Sequence[int] = PROBE_PREFIXES) -> RowCheck:
-    """Every row count 1 … ``budget`` + 1 after each prefix length, then a batch of three
-    sessions (their trees together past 32 rows where the budget allows)."""
+def _clone(session: TargetSession, length: int) -> TargetSession:
+    """``session`` cut back to its first ``length`` tokens (KV of all but the last), own KV."""
+    twin = copy.copy(session)
+    twin.kv, twin.tokens = copy.deepcopy(session.kv), session.tokens[:length]
+    twin.kv.truncate(length - 1)
+    return twin
+
+
+def position_probe(model: Decoder, context: int, seed: int = 0) -> RowCheck:
+    """Every position of every call shape ``block_forward`` makes up to ``context`` keys.
+
+    For each key-slot count S = 256, 512, … ≤ key_slots(``context``): B identical sessions whose
+    prefix P = min(S, context) − L puts a chain of L rows (root + L − 1 nodes) inside S, in one
+    forward — every (segment, row) position of the attention call and, with B·L ≥ R, every
+    position of the per-row calls — against one walk of L one-token steps. One prompt is
+    prefilled once; each S cuts it back."""
     rng = np.random.default_rng(seed)
     vocab = model.config.vocab_size
+    shape = block_forward.block_shape(model.embed_tokens.weight.device)
+    length, count = shape.segment, max(shape.segments, -(-shape.rows // shape.segment))
+    last = block_forward.key_slots(context)
+    prefixes = [max(1, min(s, context) - length) for s in range(block_forward.KEY_BLOCK, last + 1, block_forward.KEY_BLOCK)]
+    base = _session(model, _ids(rng, vocab, max(prefixes) + 1), length)
     check = NO_ROWS
-    for p in prefixes:
-        check = check.merge(compare_chain_prefixes(model, _ids(rng, vocab, p), _ids(rng, vocab, budget)))
-    batch = []
-    for p in prefixes:
-        n = max(1, budget)
-        batch.append((_ids(rng, vocab, p), _ids(rng, vocab, n), [int(rng.integers(-1, j)) for j in range(n)]))
-    return check.merge(compare_batch(model, batch))
+    for prefix in prefixes:
+        session = _clone(base, prefix + 1)
+        chain, parents = _ids(rng, vocab, length - 1), list(range(-1, length - 2))
+        want = step_rows(session, chain, parents)
+        twins = [_clone(session, prefix + 1) for _ in range(count)]
+        results = forward_chains(model, [t.chain_job(chain, parents) for t in twins])
+        for twin, result in zip(twins, results, strict=True):
+            check = check.merge(compare_rows(twin.logits(result), want))
+    return check
 
 
 @dataclass(slots=True, frozen=True)
 class Invariance:
     """How the verify mode was decided: by construction (the row kernels) or by measurement."""
 
-    construction: str  # "row-invariant kernels (<isa>)", or "" where library kernels run
+    construction: str  # "row-invariant kernels, <isa>" or "fixed-shape library calls, <R>-row blocks"
     check: RowCheck  # what the start-up probe compared
+    measured: bool = False  # True: positions within a block enumerated by position_probe
 
     def line(self) -> str:
         c = self.check
         what = f"{c.rows} rows compared, {c.differing} differ"
-        if self.construction:
-            return f"tree rows bitwise by construction ({self.construction}); start-up check: {what}"
-        return f"library kernels (invariance measured, not constructed): {what}"
+        if self.measured:
+            return (f"{self.construction}: every block position and key-slot count checked at start-up "
+                    f"({what})")
+        return f"tree rows bitwise by construction ({self.construction}); start-up check: {what}"
 
 
-def check_invariance(model: Decoder, budget: int) -> Invariance:
+def check_invariance(model: Decoder, context: int) -> Invariance:
     """The start-up check ``rapid serve`` and ``rapid doctor`` run: the cheap ``probe`` where the
-    row kernels give invariance by construction, ``thorough_probe`` up to ``budget`` elsewhere."""
+    row kernels give invariance by construction; on fixed-shape library calls, ``probe`` and
+    ``position_probe`` up to ``context`` keys (every shape and position a row can take)."""
     if row_forward.enabled(model):
         return Invariance(f"row-invariant kernels, {rowops.info().isa}", probe(model))
-    return Invariance("", thorough_probe(model, budget))
+    shape = block_forward.block_shape(model.embed_tokens.weight.device)
+    return Invariance(f"fixed-shape library calls, {shape.rows}-row blocks",
+                      probe(model).merge(position_probe(model, context)), measured=True)

@@ -16,7 +16,7 @@ from rapid.modeling import load_decoder
 from rapid.server import row_forward, rowops
 from rapid.server.app import VerifierServer, serve_forever
 from rapid.server.invariance import check_invariance
-from rapid.server.serve_config import ServeConfig, VerifierSpec
+from rapid.server.serve_config import DEFAULT, ServeConfig, VerifierSpec
 from rapid.server.verify_curve import (
     FLAT_TOLERANCE,
     CurvePoint,
@@ -61,20 +61,20 @@ def load_target(spec: str, dtype: str = "auto", threads: int = 1, device: str = 
     return model, tokenizer
 
 
-def choose_verify_mode(model, requested: str = "auto", budget: int = 64) -> str:
+def choose_verify_mode(model, requested: str = "auto", context: int = DEFAULT.max_context) -> str:
     """``tree`` when every row of a tree forward is bitwise a one-token step, else ``sequential``.
 
     On the row-invariant kernels (``rapid.server.row_forward``: every CPU target in float32 or
     bfloat16) that holds by construction and a cheap probe confirms it; elsewhere
-    ``invariance.thorough_probe`` measures every row count up to ``budget`` + 1, key lengths
-    across 64/128/256 and a batch of sessions. Explicit modes are kept (``tree`` on a target
-    found not invariant is logged: outputs may then differ at near-ties)."""
+    (``rapid.server.block_forward``: fixed-shape library calls) ``invariance.position_probe``
+    checks every block position for every key-slot count up to ``context``. Explicit modes are
+    kept (``tree`` on a target found not invariant is logged: outputs may then differ at
+    near-ties)."""
     if requested == "sequential":
         return requested
     if not row_forward.enabled(model):
-        log.info("measuring tree invariance of the torch forward (row counts 1..%d after 3 prefixes, a batch "
-                 "of 3): about %d forwards", budget + 1, 3 * 2 * (budget + 1) + 3 * budget)
-    found = check_invariance(model, budget)
+        log.info("checking every block position of the fixed-shape forward up to %d keys", context)
+    found = check_invariance(model, context)
     if found.check.invariant:
         log.info("verify mode tree: %s", found.line())
         return "tree"
@@ -112,7 +112,7 @@ def build_verifier(spec: VerifierSpec, token: str | None = None) -> VerifierServ
     (the single-process server and every Ray Serve replica are built here)."""
     log.info("loading target %s (%s, %d thread(s))", spec.target, spec.dtype, spec.threads)
     model, tokenizer = load_target(spec.target, spec.dtype, spec.threads, spec.device)
-    mode = choose_verify_mode(model, spec.verify, spec.limits.max_nodes)
+    mode = choose_verify_mode(model, spec.verify, spec.limits.max_context)
     points = startup_curve(model, mode)
     return VerifierServer(model, spec.limits, token=token, batch_window_ms=spec.batch_window_ms,
                           max_batch=spec.max_batch, verify_mode=mode, flat_nodes=measured_flat_nodes(model, mode, points),

@@ -6,25 +6,20 @@ committed token is the tree root and is fed with every tree. A tree of N nodes h
     ids       [root, node_0 … node_{N-1}]
     positions [n-1,  n-1 + depth_j …]
 
-computed as its root-to-leaf chains (``rapid.server.chains``: each chain a causal batch row over
-the session's KV, so every row is bitwise the one-token step of its prefix). Then ``pick`` every
-row, ``accept`` (``rapid.core.acceptance``), ``commit`` the KV of the root and the accepted path, and
-append path tokens + bonus. With ``logprobs`` k >= 0 the session also scores every emitted
-token (``rapid.server.scores``: its log-probability and top k, from the very row that picked it)
-into ``last_scores``, read with the verdict. An empty tree is one step of plain autoregressive decoding, which is
-what ``reference_decode`` (the target alone) runs.
+computed in one forward (``rapid.server.chains``: each row attends its session's prefix, then
+its ancestors and itself, so every row is bitwise the one-token step of its prefix). Then
+``pick`` every row, ``accept`` (``rapid.core.acceptance``), ``commit`` the KV of the root and the
+accepted path, and append path tokens + bonus. With ``logprobs`` k >= 0 the session also scores
+every emitted token (``rapid.server.scores``: its log-probability and top k, from the very row
+that picked it) into ``last_scores``, read with the verdict. An empty tree is one step of plain
+autoregressive decoding, which is what ``reference_decode`` (the target alone) runs.
 
-That equality holds by construction on the CPU (``rapid.server.row_forward``: every kernel's
-result for a row depends on that row alone); on the torch forward (CUDA, float64) it needs
-M-invariant GEMMs, which ``rapid.server.invariance.thorough_probe`` measures on the loaded
-target. A session verifies in one of two modes:
+That equality holds by construction on the CPU row kernels (``rapid.server.row_forward``); on
+library kernels (``rapid.server.block_forward``: a CUDA target, float64) every call has a fixed
+shape and ``rapid.server.invariance.position_probe`` checks the one thing left, a row's position
+in its block. A session verifies in one of two modes:
 
-- ``tree``: one forward per tree. On the torch forward in half precision every chain computes at least ``min_rows``
-  rows (a one-token step gets masked dummy rows) so that every ``F.linear`` of every forward
-  takes one kernel: on x86 CPUs the M = 1 (GEMV) path of bf16 ``F.linear`` rounds differently
-  from M ≥ 2, and ATen hands a bf16 GEMM to oneDNN only above M·in·out = 4096 (BLAS below),
-  which rounds differently on rare ties (measured on a tiny model's 64→32 ``v_proj``: M = 2 and
-  M = 3 differed in one output). For real models (in·out ≥ 2¹⁶) that is 2 rows.
+- ``tree``: one forward per tree.
 - ``sequential``: the fallback where rows are not shown invariant: walk the tree one
   one-token forward per accepted level. Each forward is exactly a target-alone step, so the
   output is identical by construction; it saves round trips, not target time.
@@ -35,7 +30,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 from rapid.core.acceptance import Verdict, accept, finish, validate_tree
 from rapid.core.errors import RapidError
@@ -43,7 +37,6 @@ from rapid.core.geometry import ROOT, child_with, node_positions, tree_depths
 from rapid.core.sampling import SamplingParams, pick_tokens
 from rapid.kvcache import StaticKV
 from rapid.modeling import Decoder
-from rapid.server import row_forward
 from rapid.server.chains import ChainJob, ChainResult, forward_chains, leaf_chains
 from rapid.server.chains import commit as chains_commit
 from rapid.server.scores import Scores, score_verdict
@@ -57,21 +50,7 @@ class PromptTooLongError(BadTreeError):
     """The prompt does not fit the session's context."""
 
 
-MIN_ROWS_HALF = 2  # fewest rows of a bf16/fp16 forward: never the M = 1 GEMV path
-ONEDNN_MIN_WORK = 4096  # ATen's oneDNN bf16 GEMM threshold on M·in·out (16³, mkldnn_gemm_min_size)
 VERIFY_MODES = ("tree", "sequential")
-
-
-def min_rows(model: Decoder) -> int:
-    """Rows every forward of ``model`` computes at least (see the module docstring).
-
-    half precision:  max(MIN_ROWS_HALF, ⌊4096 / min(in·out over every nn.Linear)⌋ + 1)
-    otherwise:       1
-    """
-    if model.dtype not in (torch.bfloat16, torch.float16) or row_forward.enabled(model):
-        return 1
-    smallest = min(m.in_features * m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear))
-    return max(MIN_ROWS_HALF, ONEDNN_MIN_WORK // smallest + 1)
 
 
 class TargetSession:
@@ -90,7 +69,6 @@ class TargetSession:
             raise BadTreeError(f"prompt has token ids outside [0, {vocab})")
         self.model = model
         self.mode = mode
-        self.min_rows = min_rows(model)
         self.params = params
         self.logprobs = logprobs  # -1: no scores; k >= 0: score emitted tokens with their top k
         self.last_scores = Scores()  # the scores of the last committed verdict (empty when not asked)
@@ -103,7 +81,7 @@ class TargetSession:
         if len(prompt) > 1:  # the prompt's KV but its last token (the first tree's root)
             rows = list(range(len(prompt) - 1))
             job = ChainJob(self.kv, self.tokens[:-1], rows, [rows])
-            chains_commit(forward_chains(model, [job], self.min_rows, logits=False)[0], self.kv, rows)
+            chains_commit(forward_chains(model, [job], logits=False)[0], self.kv, rows)
             self.forwards += 1
 
     @property
@@ -119,7 +97,7 @@ class TargetSession:
 
     def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> ChainResult:
         """The tree forward (logits ``[1+N, V]``); changes nothing until ``commit``."""
-        result = forward_chains(self.model, [self.chain_job(tokens, parents)], self.min_rows)[0]
+        result = forward_chains(self.model, [self.chain_job(tokens, parents)])[0]
         self.forwards += 1
         return result
 

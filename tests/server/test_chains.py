@@ -10,7 +10,7 @@ import torch
 from rapid.core.acceptance import Verdict
 from rapid.core.sampling import SamplingParams
 from rapid.kvcache import StaticKV
-from rapid.server.chains import MIN_KEYS, commit, forward_chains, leaf_chains
+from rapid.server.chains import commit, leaf_chains
 from rapid.server.invariance import compare_tree
 from rapid.server.target import TargetSession
 
@@ -60,22 +60,3 @@ def test_the_holes_tree_is_bitwise_in_bf16(real_shapes_bf16):
         tokens = [int(x) for x in rng.integers(0, 150000, len(HOLES))]
         check = compare_tree(real_shapes_bf16, prompt, tokens, HOLES)
         assert check.invariant, check
-
-
-def test_chain_batch_rows_are_padded_at_the_end(tiny_pair):
-    target, _ = tiny_pair
-    a = TargetSession(target, [1, 2, 3], SamplingParams())
-    b = TargetSession(target, list(range(1, 100)), SamplingParams())
-    results = forward_chains(target, [a.chain_job([4], [-1]), b.chain_job([5, 6, 7], [-1, 0, 0])], 1)
-    assert results[0].offset == 0 and results[1].offset == 2  # unique rows: a's root + 1 node, then b's
-    kv = results[0].kv
-    assert kv.slots.tolist() == [[0, 1, 1], [2, 3, 4], [2, 3, 5]]  # a's chain (padded), b's two chains
-    assert kv.first.tolist() == [0, 1, 3, 4, 5, 8]  # each row read back from its first chain (flat c·L + i)
-    assert kv.past == [a.kv.length, b.kv.length, b.kv.length] and kv.s == b.kv.length + 3
-
-
-def test_short_batches_still_span_min_keys(tiny_pair):
-    """However short the prefixes, every row's attention spans MIN_KEYS keys (one bmm kernel)."""
-    target, _ = tiny_pair
-    a = TargetSession(target, [1, 2, 3], SamplingParams())
-    assert forward_chains(target, [a.chain_job([4], [-1])], 1)[0].kv.s == MIN_KEYS

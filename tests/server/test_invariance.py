@@ -1,12 +1,11 @@
 """Batch invariance: every row of a tree forward is bitwise (np.array_equal on the logits) the
 one-token step of the same prefix — bf16 tiny models on the row-invariant kernels (property
-test), a real-shape layer stack of the default target, batches of sessions, the guards of the
-torch fallback (CUDA, float64), and the real target where it is fetched. The stress test is
+test), a real-shape layer stack of the default target, batches of sessions, the verify-mode
+choice, and the real target where it is fetched. The fixed-shape library forward (CUDA, float64)
+is test_block_forward.py; the stress test is
 test_invariance_stress.py."""
 
 from __future__ import annotations
-
-import copy
 
 import numpy as np
 import pytest
@@ -15,7 +14,6 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
-import rapid.server.target as target_mod
 from rapid.core.sampling import SamplingParams
 from rapid.modeling import Decoder
 from rapid.server.invariance import compare_batch, compare_tree, probe
@@ -57,23 +55,6 @@ def test_batched_sessions_keep_every_row_invariant_bf16(bf16_tiny, batch):
     assert check.invariant, check
 
 
-@pytest.fixture()
-def torch_path(monkeypatch):
-    """The torch forward (chains + probe), as a CUDA or float64 target runs it."""
-    monkeypatch.setenv("RAPID_ROW_KERNELS", "0")
-
-
-def test_the_row_kernels_need_no_dummy_rows(bf16_tiny, real_shapes_bf16):
-    assert target_mod.min_rows(bf16_tiny) == 1 and target_mod.min_rows(real_shapes_bf16) == 1
-
-
-def test_min_rows_keeps_every_linear_on_one_kernel(bf16_tiny, real_shapes_bf16, torch_path):
-    """Torch fallback, half precision: never the GEMV path, and M·in·out above oneDNN's 4096."""
-    assert target_mod.min_rows(bf16_tiny) == 3  # smallest linear: 64 → 32 (2048 per row)
-    assert target_mod.min_rows(real_shapes_bf16) == 2
-    assert target_mod.min_rows(copy.deepcopy(bf16_tiny).float()) == 1
-
-
 @pytest.mark.parametrize("threads", [1, 2])
 def test_default_target_layer_stack_is_invariant_in_bf16(real_shapes_bf16, threads):
     before = torch.get_num_threads()
@@ -83,15 +64,6 @@ def test_default_target_layer_stack_is_invariant_in_bf16(real_shapes_bf16, threa
     finally:
         torch.set_num_threads(before)
     assert check.invariant and check.rows == 25, check
-
-
-def test_one_row_bf16_steps_would_break_it(real_shapes_bf16, monkeypatch, torch_path):
-    """The guard is needed: with one-row steps (the M = 1 GEMV path) rows differ on this CPU."""
-    monkeypatch.setattr(target_mod, "MIN_ROWS_HALF", 1)
-    check = probe(real_shapes_bf16)
-    if check.invariant:
-        pytest.skip("this CPU's bf16 GEMV rounds like its GEMM: the two-row guard is not needed here")
-    assert check.max_abs_diff > 0
 
 
 def test_sequential_mode_is_exact_and_picks_the_same_path(tiny_pair):
@@ -113,9 +85,8 @@ def test_sequential_mode_is_exact_and_picks_the_same_path(tiny_pair):
 def test_serve_picks_tree_where_invariant_and_sequential_elsewhere(bf16_tiny, tiny_pair):
     assert choose_verify_mode(bf16_tiny) == "tree"
     assert choose_verify_mode(bf16_tiny, "sequential") == "sequential"
-    float64_target, _ = tiny_pair  # float64: equal to ~1e-16, not bitwise
-    mode = choose_verify_mode(float64_target)
-    assert mode == ("tree" if probe(float64_target).invariant else "sequential")
+    float64_target, _ = tiny_pair  # float64: library kernels at fixed shapes (block_forward), probed
+    assert choose_verify_mode(float64_target, context=600) == "tree"
 
 
 @pytest.mark.realmodels
