@@ -17,7 +17,11 @@ LOG=$(mktemp -t rapid-vs-ar-XXXX.log)
 taskset -c 1 $RAPID serve --target default-target --dtype "$DTYPE" --port "$PORT" > "$LOG" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null' EXIT
-for _ in $(seq 600); do grep -q "verifier listening" "$LOG" && break; sleep 1; done
+for _ in $(seq 600); do
+  grep -q "verifier listening" "$LOG" && break
+  kill -0 $SERVER 2>/dev/null || { echo "rapid serve exited before listening:"; tail -3 "$LOG"; exit 1; }
+  sleep 1
+done
 grep -E "dtype|verify mode|verify curve" "$LOG" | sed 's/^.*INFO rapid.server: /  serve: /'
 same=0; total=0
 for draft in $DRAFTS; do

@@ -49,7 +49,7 @@ def load_target(spec: str, dtype: str = "auto", threads: int = 1, device: str = 
     import torch
 
     dev = choose_device(device, torch.cuda.device_count() if torch.cuda.is_available() else 0)
-    choice = choose_dtype(dtype, dev, cpu_flags())
+    choice = choose_dtype(dtype, dev, cpu_flags(), row_kernels=rowops.available())
     log.info("target on %s, dtype %s (%s)", dev, choice.dtype, choice.reason)
     torch.set_num_threads(threads)
     model, tokenizer = load_decoder(spec, getattr(torch, choice.dtype))

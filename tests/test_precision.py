@@ -15,7 +15,8 @@ def test_auto_picks_bf16_only_where_native():
     assert choose_dtype("auto", "cpu", frozenset({"amx_bf16"})).dtype == "bfloat16"
     assert choose_dtype("auto", "cpu", frozenset({"bf16", "asimd"})).dtype == "bfloat16"  # Arm
     fp32 = choose_dtype("auto", "cpu", AVX2_ONLY)
-    assert fp32.dtype == "float32" and "emulated" in fp32.reason
+    assert fp32.dtype == "float32" and "no AVX512_BF16" in fp32.reason
+    assert choose_dtype("auto", "cpu", AVX2_ONLY, row_kernels=True).dtype == "float32"  # auto keeps full precision
     assert choose_dtype("auto", "cuda:0", AVX2_ONLY).dtype == "bfloat16"
 
 
@@ -23,7 +24,9 @@ def test_explicit_choices():
     assert choose_dtype("float32", "cpu", ZEN4).dtype == "float32"
     assert choose_dtype("bfloat16", "cuda", frozenset()).dtype == "bfloat16"
     with pytest.raises(UnsupportedDtypeError, match="AVX512_BF16"):
-        choose_dtype("bfloat16", "cpu", AVX2_ONLY)
+        choose_dtype("bfloat16", "cpu", AVX2_ONLY)  # torch's emulated bf16
+    widened = choose_dtype("bfloat16", "cpu", AVX2_ONLY, row_kernels=True)  # bf16 weights, fp32 arithmetic
+    assert widened.dtype == "bfloat16" and "row kernels" in widened.reason
     with pytest.raises(UnsupportedDtypeError, match="not one of"):
         choose_dtype("bf16", "cpu", ZEN4)
 

@@ -101,8 +101,9 @@ def test_stress_the_default_target_layer_shapes(stress_model, dtype):
     """Random trees to 40 nodes, batches of 1-6 sessions, prompts across 256 keys; 1 thread (the
     library path promises one thread count per process, not across them)."""
     model = stress_model if dtype == torch.bfloat16 else copy.deepcopy(stress_model).float()
-    check = stress(model, 150, seed=3, budget=40, threads=1)
-    assert check.invariant and check.rows >= 150, check
+    rows = 100 if dtype == torch.bfloat16 else 60
+    check = stress(model, rows, seed=3, budget=40, threads=1)
+    assert check.invariant and check.rows >= rows, check
 
 
 def test_the_position_probe_covers_every_key_slot_count_and_position(bf16_tiny):
