@@ -14,6 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
+from tree_strategies import trees
 
 from rapid.kvcache import StaticKV
 from rapid.modeling import Decoder
@@ -69,14 +70,6 @@ def test_every_row_of_a_bushy_batch_is_in_exactly_one_position():
     assert sorted(placed) == list(range(7))
     assert p.prefixes == [a, b] and all(blk.rows.shape == (shape.segments, shape.segment) for blk in p.blocks)
     assert all(blk.allowed.shape[2] == shape.segment * 2 for blk in p.blocks)  # L·G query rows
-
-
-@st.composite
-def trees(draw, max_nodes=12):
-    n = draw(st.integers(0, max_nodes))
-    parents = [draw(st.integers(-1, j - 1)) for j in range(n)]
-    tokens = draw(st.lists(st.integers(0, 258), min_size=n, max_size=n))
-    return tokens, parents
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -13,6 +13,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
+from tree_strategies import trees
 
 from rapid.core.sampling import SamplingParams
 from rapid.modeling import Decoder
@@ -25,14 +26,6 @@ from rapid.server.target import TargetSession, reference_decode
 def bf16_tiny(tiny_dir):
     path = tiny_dir("target32", seed=0)
     return Decoder.from_hf(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)).to(torch.bfloat16)
-
-
-@st.composite
-def trees(draw, max_nodes=12):
-    n = draw(st.integers(0, max_nodes))
-    parents = [draw(st.integers(-1, j - 1)) for j in range(n)]
-    tokens = draw(st.lists(st.integers(0, 258), min_size=n, max_size=n))
-    return tokens, parents
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
