@@ -135,7 +135,7 @@ def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float, dtype:
     return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
@@ -154,8 +154,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, T, c.num_heads, c.head_dim).transpose(1, 2)  # [B, H, T, d]
         k = self.k_proj(x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)  # [B, KVH, T, d]
         v = self.v_proj(x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
         k_all, v_all = kv.attend_kv(layer, k, v)  # [B, KVH, S, d]
         group = c.num_heads // c.num_kv_heads
         if group > 1:

@@ -20,16 +20,16 @@ Here no call's shape depends on the tree, the batch or the prompt:
                               [B, KVH, L·G, d] @ [B, KVH, d, S], then softmax and @ [B, KVH, S, d]
 
 (``block_shape``: R, L, B = 64, 8, 8 on CUDA, 8, 8, 4 elsewhere.) A one-token step is one
-segment of one row, padded. A row's inputs to every call are therefore bitwise those of its one-token step, in a call of
-the same shape; what can still differ is the row's *position* inside its block (and which
-block). Position is a finite thing: ``rapid.server.invariance.position_probe`` puts the same
-row at every position of a block, for every S up to the context, in one forward each, and
-``rapid serve`` verifies trees only when every position gives the one-token step's bits
-(sequentially otherwise: exact by construction, no tree speed-up). Kernels do not branch on the
-values they reduce, so a shape × position that passed is the same arithmetic for any values.
-Intra-op threads are fixed per process: the target alone and a speculative run in one process
-use the same ones. The row kernels (``row_forward``) need none of this: there a row's
-arithmetic does not depend on its position either.
+segment of one row, padded. A row's inputs to every call are therefore bitwise those of its
+one-token step, in a call of the same shape; what can still differ is the row's *position*
+inside its block (and which block). Position is a finite thing:
+``rapid.server.invariance.position_probe`` fills every position of the per-row blocks and of
+the attention call, for every S up to the context, and ``rapid serve`` verifies trees only when
+every position gives the one-token step's bits (sequentially otherwise: exact by construction,
+no tree speed-up). Kernels do not branch on the values they reduce, so a shape × position that
+passed is the same arithmetic for any values. Intra-op threads are fixed per process: the target
+alone and a speculative run in one process use the same ones. The row kernels (``row_forward``)
+need none of this: there a row's arithmetic does not depend on its position either.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from rapid.kvcache import StaticKV
-from rapid.modeling import Decoder, Layer
+from rapid.modeling import Decoder, Layer, rotate_half
 from rapid.server.row_forward import NewKV
 
 
@@ -118,11 +118,12 @@ def plan(chains: Sequence[RowChain], u: int, shape: BlockShape, group: int, devi
     along the key axis; a segment's key list indexes into it, its rows see a prefix of it."""
     prefixes: list[StaticKV] = []
     base: dict[int, int] = {}
+    new = 0  # pool index of the first new row: the prefixes' total length
     for ch in chains:
         if id(ch.kv) not in base:
-            base[id(ch.kv)] = sum(kv.length for kv in prefixes)
+            base[id(ch.kv)] = new
             prefixes.append(ch.kv)
-    new = sum(kv.length for kv in prefixes)
+            new += ch.kv.length
     zero = new + u
     by_slots: dict[int, list[tuple[list[int], list[int]]]] = {}
     for rows, keys in _segments(chains, base, new, shape.segment):
@@ -143,11 +144,6 @@ def plan(chains: Sequence[RowChain], u: int, shape: BlockShape, group: int, devi
     return BlockPlan(u, prefixes, blocks)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def _qkv(layer: Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """One block: q ``[R, H, d]``, k, v ``[R, KVH, d]`` (RoPE applied)."""
     a, r = layer.self_attn, x.shape[0]
@@ -155,7 +151,7 @@ def _qkv(layer: Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     q = a.q_proj(h).view(r, a.c.num_heads, a.c.head_dim)
     k = a.k_proj(h).view(r, a.c.num_kv_heads, a.c.head_dim)
     v = a.v_proj(h).view(r, a.c.num_kv_heads, a.c.head_dim)
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
 
 
 def _attention(model: Decoder, p: BlockPlan, layer: int, q: torch.Tensor, k: torch.Tensor,

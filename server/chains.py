@@ -3,8 +3,8 @@ computed once.
 
 A tree of N nodes over a session's committed prefix is 1 + N *unique rows* (root, nodes); a
 batch of several sessions' trees is their rows back to back. Row ``u``'s keys are its session's
-prefix followed by its ancestors' new keys and its own in depth order (``row_paths``, read off
-the root-to-leaf chains): exactly the keys, in the same order, that a one-token step of ``u``'s
+prefix followed by its ancestors' new keys and its own in depth order (read off the root-to-leaf
+chains): exactly the keys, in the same order, that a one-token step of ``u``'s
 token sees after its ancestors were committed. A tree with "holes" (node 5 of
 ``parents = [-1, 0, 0, 1, 2, 3]`` sees 0, 1, 3 but not 2 and 4) needs no special layout: a row
 lists its own ancestors, never a masked sibling whose count could regroup a sum.
@@ -67,35 +67,27 @@ class ChainResult:
     chains: list[list[int]]  # [C][L_c] this job's tree rows per chain
 
 
-def row_paths(jobs: Sequence[ChainJob]) -> list[np.ndarray]:
-    """Every unique row's ancestors and itself, root first, as unique-row indices of the batch
-    (jobs back to back; the first chain holding a row gives its path)."""
+def row_keys(jobs: Sequence[ChainJob]) -> RowKeys:
+    """Every unique row's keys for ``row_forward``: its session's prefix, then its ancestors and
+    itself in depth order (the first chain holding the row gives the path; a prefill's one chain
+    of n rows lists n·(n+1)/2 indices, built as numpy views)."""
     offsets = list(accumulate((len(job.ids) for job in jobs), initial=0))
     anc: list[np.ndarray | None] = [None] * offsets[-1]
+    base_k, base_v, plen, head, layer = [], [], [], [], []
     for j, job in enumerate(jobs):
         for chain in job.chains:
             rows = np.asarray(chain, dtype=np.int64) + offsets[j]
             for i, u in enumerate(rows.tolist()):
                 if anc[u] is None:
                     anc[u] = rows[:i + 1]
-    if any(a is None for a in anc):
-        raise ValueError("row_paths: a tree row is on no chain")
-    return anc  # type: ignore[return-value]
-
-
-def row_keys(jobs: Sequence[ChainJob]) -> RowKeys:
-    """Every unique row's keys for ``row_forward``: its session's prefix, then its ancestors and
-    itself in depth order (a prefill's one chain of n rows lists n·(n+1)/2 indices, built as
-    numpy views)."""
-    anc = row_paths(jobs)
-    base_k, base_v, plen, head, layer = [], [], [], [], []
-    for job in jobs:
         kv, n = job.kv, len(job.ids)
         base_k += [kv.k.data_ptr()] * n
         base_v += [kv.v.data_ptr()] * n
         plen += [kv.length] * n
         head += [kv.k.shape[2] * kv.k.shape[3]] * n
         layer += [kv.k.shape[1] * kv.k.shape[2] * kv.k.shape[3]] * n
+    if any(a is None for a in anc):
+        raise ValueError("row_keys: a tree row is on no chain")
     t = lambda xs: torch.as_tensor(xs, dtype=torch.long)  # noqa: E731
     lengths = np.fromiter((len(a) for a in anc), dtype=np.int64, count=len(anc))
     return RowKeys(t(base_k), t(base_v), t(plen), t(head), t(layer), jobs[0].kv.k.element_size(),

@@ -20,7 +20,6 @@ are used: the arithmetic, not the text, matters.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -117,38 +116,30 @@ def probe(model: Decoder, seed: int = 0, prefix: int = 12) -> RowCheck:
                                              branchy]))
 
 
-def _clone(session: TargetSession, length: int) -> TargetSession:
-    """``session`` cut back to its first ``length`` tokens (KV of all but the last), own KV."""
-    twin = copy.copy(session)
-    twin.kv, twin.tokens = copy.deepcopy(session.kv), session.tokens[:length]
-    twin.kv.truncate(length - 1)
-    return twin
-
-
 def position_probe(model: Decoder, context: int, seed: int = 0) -> RowCheck:
     """Every position of every call shape ``block_forward`` makes up to ``context`` keys.
 
-    For each key-slot count S = 256, 512, … ≤ key_slots(``context``): B identical sessions whose
-    prefix P = min(S, context) − L puts a chain of L rows (root + L − 1 nodes) inside S, in one
-    forward — every (segment, row) position of the attention call and, with B·L ≥ R, every
-    position of the per-row calls — against one walk of L one-token steps. One prompt is
-    prefilled once; each S cuts it back."""
+    For each key-slot count S = 256, 512, … ≤ key_slots(``context``): B jobs of one session
+    whose prefix P = min(S, context) − L puts a chain of L rows (root + L − 1 nodes) inside S,
+    in one forward — every (segment, row) position of the attention call and, with B·L ≥ R,
+    every position of the per-row calls — against one walk of L one-token steps. One prompt is
+    prefilled once and cut back for each S, longest first (a forward writes no KV, so the jobs
+    can share the session)."""
     rng = np.random.default_rng(seed)
     vocab = model.config.vocab_size
     shape = block_forward.block_shape(model.embed_tokens.weight.device)
     length, count = shape.segment, max(shape.segments, -(-shape.rows // shape.segment))
     last = block_forward.key_slots(context)
     prefixes = [max(1, min(s, context) - length) for s in range(block_forward.KEY_BLOCK, last + 1, block_forward.KEY_BLOCK)]
-    base = _session(model, _ids(rng, vocab, max(prefixes) + 1), length)
+    session = _session(model, _ids(rng, vocab, prefixes[-1] + 1), length)
     check = NO_ROWS
-    for prefix in prefixes:
-        session = _clone(base, prefix + 1)
+    for prefix in reversed(prefixes):
+        del session.tokens[prefix + 1:]
+        session.kv.truncate(prefix)
         chain, parents = _ids(rng, vocab, length - 1), list(range(-1, length - 2))
         want = step_rows(session, chain, parents)
-        twins = [_clone(session, prefix + 1) for _ in range(count)]
-        results = forward_chains(model, [t.chain_job(chain, parents) for t in twins])
-        for twin, result in zip(twins, results, strict=True):
-            check = check.merge(compare_rows(twin.logits(result), want))
+        for result in forward_chains(model, [session.chain_job(chain, parents)] * count):
+            check = check.merge(compare_rows(session.logits(result), want))
     return check
 
 

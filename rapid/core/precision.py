@@ -9,8 +9,9 @@ An explicit bfloat16 on a CPU without native bf16 runs only where the target run
 kernels (``row_kernels``: ``librapid_rowops`` built): they widen each bf16 weight exactly to fp32
 and compute in fp32, so half the bytes stream per step (measured on an AVX2 Zen 3: a one-token
 step 208 ms against 325 ms in float32). Anywhere else (torch's emulated bf16) it is an error
-with one line saying so, never a silent slow path. On a bf16 CPU a multi-token forward costs about what a one-token forward does
-(the verify curve is flat up to ~8 tokens), which is what makes tree verification pay.
+with one line saying so, never a silent slow path. On a bf16 CPU a multi-token forward costs
+about what a one-token forward does (the verify curve is flat up to ~8 tokens), which is what
+makes tree verification pay.
 """
 
 from __future__ import annotations
