@@ -22,7 +22,7 @@ from typing import Any
 from rapid.core.errors import RapidError
 from rapid.core.manifest import ENGINE_FILE, ONNX_FILE, is_export_dir, load_manifest
 from rapid.core.optional import import_optional
-from rapid.core.precision import choose_dtype, cpu_flags
+from rapid.core.precision import choose_dtype, cpu_flags, native_bf16
 from rapid.engines.ort_engine import OrtEngine
 from rapid.engines.trt_engine import TrtEngine
 
@@ -125,14 +125,32 @@ def open_engine(kind: str = "auto", source: str | os.PathLike[str] = "default-dr
     if capacity is None:
         capacity = int(load_manifest(source)["max_context"]) if is_export_dir(source) else 2048
     dtype = options.pop("dtype", "auto")  # a torch dtype, or a rapid.core.precision name ("auto": bf16 where native)
+    row_linears = options.pop("row_linears", None)  # None: where they help (_wants_row_linears)
+    rowops = import_optional("rapid.engines.rowops", "cloud")
+    cpu = (device or "cpu") == "cpu"
+    built = cpu and rowops.available()
     if isinstance(dtype, str):
-        choice = choose_dtype(dtype, device or "cpu", cpu_flags())
+        choice = choose_dtype(dtype, device or "cpu", cpu_flags(), row_kernels=built)
         log.info("torch draft dtype %s (%s)", choice.dtype, choice.reason)
         dtype = getattr(torch, choice.dtype)
-    decoder, _ = modeling.load_decoder(spec, dtype=dtype)
     if options:
         raise EngineSelectError(f"options {sorted(options)} do not apply to the torch backend")
+    decoder, _ = modeling.load_decoder(spec, dtype=dtype)
+    if _wants_row_linears(row_linears, built, dtype is torch.bfloat16):
+        n = import_optional("rapid.engines.row_linear", "cloud").use_row_linears(decoder)
+        log.info("torch draft: %d projections on the row kernels (%s)", n, rowops.info().isa)
     return torch_engine.TorchEngine(decoder, capacity=capacity, device=device or "cpu")
+
+
+def _wants_row_linears(requested: bool | None, built: bool, bf16: bool) -> bool:
+    """The draft's projections run on the row kernels (``rapid.engines.row_linear``) when asked,
+    or by default on a CPU where they are ``built``, unless the draft is bf16 on a CPU that
+    computes bf16 natively (torch's oneDNN path is the measured one there)."""
+    if requested is not None:
+        if requested and not built:
+            raise EngineSelectError("row_linears needs a CPU draft and the row kernels (scripts/setup.sh builds them)")
+        return requested
+    return built and not (bf16 and native_bf16(cpu_flags()) is not None)
 
 
 def share_engine(engine: Any) -> Any:

@@ -26,12 +26,12 @@ from itertools import accumulate
 import numpy as np
 import torch
 
+from rapid.engines.rowops import RowKeys
 from rapid.kvcache import StaticKV
 from rapid.modeling import Decoder
 from rapid.server import block_forward, row_forward
 from rapid.server.block_forward import RowChain
 from rapid.server.row_forward import NewKV
-from rapid.server.rowops import RowKeys
 
 
 def leaf_chains(parents: Sequence[int]) -> list[list[int]]:

@@ -27,8 +27,9 @@ import numpy as np
 
 from rapid.core.acceptance import Verdict
 from rapid.core.sampling import SamplingParams
+from rapid.engines import rowops
 from rapid.modeling import Decoder
-from rapid.server import block_forward, row_forward, rowops
+from rapid.server import block_forward, row_forward
 from rapid.server.chains import forward_chains
 from rapid.server.target import TargetSession
 

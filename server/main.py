@@ -12,8 +12,9 @@ from rapid.core.device import choose_device
 from rapid.core.errors import RapidError
 from rapid.core.precision import choose_dtype, cpu_flags
 from rapid.core.vocab import fingerprint
+from rapid.engines import rowops
 from rapid.modeling import load_decoder
-from rapid.server import row_forward, rowops
+from rapid.server import row_forward
 from rapid.server.app import VerifierServer, serve_forever
 from rapid.server.invariance import check_invariance
 from rapid.server.serve_config import DEFAULT, ServeConfig, VerifierSpec

@@ -40,9 +40,9 @@ from dataclasses import dataclass
 
 import torch
 
+from rapid.engines import rowops
+from rapid.engines.rowops import PackedWeight, RowKeys
 from rapid.modeling import Decoder
-from rapid.server import rowops
-from rapid.server.rowops import PackedWeight, RowKeys
 
 ENV_SWITCH = "RAPID_ROW_KERNELS"  # "0": use the torch forward (chains + probe) instead
 

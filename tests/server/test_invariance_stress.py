@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rapid.server import rowops
+from rapid.engines import rowops
 from rapid.server.invariance_stress import stress
 
 pytestmark = pytest.mark.skipif(not rowops.available(), reason="librapid_rowops is not built (scripts/setup.sh)")

@@ -13,8 +13,9 @@ from transformers import AutoModelForCausalLM
 
 from rapid.core.acceptance import Verdict
 from rapid.core.sampling import SamplingParams
+from rapid.engines import rowops
 from rapid.modeling import Decoder
-from rapid.server import row_forward, rowops
+from rapid.server import row_forward
 from rapid.server.target import TargetSession, reference_decode
 
 pytestmark = pytest.mark.skipif(not rowops.available(), reason="librapid_rowops is not built (scripts/setup.sh)")

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from rapid.server import rowops
-from rapid.server.rowops import RowKeys, RowOpsArgumentError
+from rapid.engines import rowops
+from rapid.engines.rowops import RowKeys, RowOpsArgumentError
 
 pytestmark = pytest.mark.skipif(not rowops.available(), reason="librapid_rowops is not built (scripts/setup.sh)")
 ISAS = list(rowops.info().available) if rowops.available() else []

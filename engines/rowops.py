@@ -1,4 +1,6 @@
-"""ctypes bindings of ``librapid_rowops`` (``server/kernels``): the target's row-invariant kernels.
+"""ctypes bindings of ``librapid_rowops`` (``server/kernels``): row-invariant CPU kernels, used by the
+target's verify forward (``rapid.server.row_forward``) and the PyTorch draft's projections
+(``rapid.engines.row_linear``).
 
 Each wrapper takes torch CPU tensors (C-contiguous; activations float32, weights and KV float32
 or bfloat16) and writes into a fresh or given output. Why every output row depends on that
