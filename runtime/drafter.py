@@ -204,18 +204,31 @@ class Drafter:
         roots = set(self.branch_nodes)
         return [i for i in range(len(self.tree)) if roots.intersection(self.tree.path(i)[:-1])]
 
-    def _grow_branch(self, nodes: list[int]) -> StepRecord:
-        """Feed ``nodes`` of the branch, add their children, prune the branch's own nodes to the
-        budget (D_i, sent to the cloud, and the roots stay intact). A node's score is its
-        outcome's (the root's score + the path below it), so the roots share the budget by how
-        likely they are; ``min_p`` is applied once a root is kept, to the re-rooted scores
-        (``apply_verdict``), not to these."""
-        rec = self._feed_nodes(nodes, "branch")
+    def _grow_branch(self, nodes: list[int], leaves: list[int] = ()) -> StepRecord:
+        """Feed ``nodes`` of the branch (and, in the same forward, D_i's unfed ``leaves``, whose
+        next tokens only become known), add the branch nodes' children, prune the branch's own
+        nodes to the budget (D_i, sent to the cloud, and the roots stay intact). A node's score
+        is its outcome's (the root's score + the path below it), so the roots share the budget
+        by how likely they are; ``min_p`` is applied once a root is kept, to the re-rooted
+        scores (``apply_verdict``), not to these."""
+        rec = self._feed_nodes(list(leaves) + nodes, "leaf" if leaves else "branch")
         for i in nodes:
             self.tree.add_children(i, self.params.topk, self.stop_ids)
         kept = self.tree.prune(self.params.budget, among=self._below_roots())
         self.branch_nodes = [kept.index(b) for b in self.branch_nodes]
         return rec
+
+    def _add_roots(self, roots: list[ProactiveRoot]) -> list[int]:
+        """Hang ``roots`` (unfed) below their nodes and list them with the branch's roots, best
+        first; return their new nodes."""
+        t, new = self.tree, []
+        for root in roots:
+            base_depth = 0 if root.node == ROOT else t.depth[root.node]
+            new.append(t.add_node(root.token, root.node, base_depth + 1, root.score))
+        pairs = sorted(zip(self.branches + roots, self.branch_nodes + new, strict=True),
+                       key=lambda rn: -rn[0].score)
+        self.branches, self.branch_nodes = [r for r, _ in pairs], [n for _, n in pairs]
+        return new
 
     def draft(self, depth: int, on_step: Callable[[StepRecord], None] | None = None,
               confidence_floor: float | None = None) -> list[StepRecord]:
@@ -286,27 +299,32 @@ class Drafter:
         """Yield complete proactive expansion steps one at a time (the caller checks feedback
         between them and simply stops iterating to interrupt).
 
-        Step "leaf" feeds the best unfed nodes of D_i so their next tokens are known; then the
-        roots (``params.branch_roots`` likeliest outcomes; one with ``width`` = 1, a chain) are
-        chosen and fed in one step (step 0 of D_{i+1}); then the best ``width`` nodes below any
-        root per step (steps 1, 2, …), best first by score, so the likelier roots grow deeper.
+        Step 0 feeds, in one forward, the best unfed nodes of D_i (their next tokens become
+        known) and the roots whose outcome is known already: the k = ``params.branch_roots``
+        likeliest verdicts that stop at the root or at a fed node. On a slow edge the verdict
+        lands before a second step ends, so only these can be kept. Then, the leaves' next
+        tokens known, the k likeliest outcomes not chosen yet are fed as roots too (a chain
+        branch, ``width`` = 1, has only this one root, k = 1); then the best ``width`` nodes
+        below any root per step, best first by score, so the likelier roots grow deeper.
         """
         self._branch_width = width or self.params.width
-        leaves = self.tree.frontier(self.params.width, stop_ids=self.stop_ids)
         k = 1 if width == 1 else self.params.branch_roots
-        if leaves:
-            rec = self._feed_nodes(leaves, "leaf")
-            self.branches = choose_proactive_roots(self.tree, decay, k, self.params.floor)
-            yield rec  # the roots are chosen (branch_would_hit can judge them) before they are fed
-        else:
-            self.branches = choose_proactive_roots(self.tree, decay, k, self.params.floor)
+        sent = len(self.tree)
+        leaves = self.tree.frontier(self.params.width, stop_ids=self.stop_ids)
+        chain = width == 1 and bool(leaves)  # its one root is chosen once the leaves are known
+        early = [] if chain else self._add_roots(choose_proactive_roots(self.tree, decay, k, self.params.floor, sent))
+        rec = self._grow_branch(early, leaves) if leaves or early else None
+        late: list[int] = []
+        if leaves:  # chosen before step 0 is handed out: the branch's best root is then known
+            floor = self.params.floor if self.branches else -math.inf
+            late = self._add_roots([r for r in choose_proactive_roots(self.tree, decay, k, self.params.floor, sent)
+                                    if r.score >= floor])
+        if rec is not None:
+            yield rec
+        if late:
+            yield self._grow_branch(late)
         if not self.branches:
             return
-        t = self.tree
-        for root in self.branches:
-            base_depth = 0 if root.node == ROOT else t.depth[root.node]
-            self.branch_nodes.append(t.add_node(root.token, root.node, base_depth + 1, root.score))
-        yield self._grow_branch(list(self.branch_nodes))  # the roots' children: D_{i+1}'s first level
         while True:
             nodes = self.tree.frontier(self._branch_width, self._below_roots(), self.stop_ids)
             if not nodes:

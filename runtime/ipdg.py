@@ -41,7 +41,7 @@ class ProactiveRoot:
 
 
 def choose_proactive_roots(tree: TokenTree, decay: float = 0.1, k: int = 1,
-                           floor: float = -math.inf) -> list[ProactiveRoot]:
+                           floor: float = -math.inf, sent: int | None = None) -> list[ProactiveRoot]:
     """The ``k`` best outcomes (v, b), score descending (ties: earlier v, then the draft's rank
     of b), every one but the first scoring >= ``floor``; [] if nothing is known.
 
@@ -49,21 +49,27 @@ def choose_proactive_roots(tree: TokenTree, decay: float = 0.1, k: int = 1,
     so one node may give several roots. The outcomes are disjoint events (one verdict lands on
     one (v, b)), so the chance that a branch of k roots is kept is the sum of their
     probabilities: each extra root adds its own, at the cost of one more token in the branch's
-    first step."""
+    first step.
+
+    ``sent``: the tree's first ``sent`` nodes are D_i (the cloud's), the rest the branch's own;
+    only D_i's nodes can end a verdict, and only their children say "v has children" (default:
+    every node is D_i's)."""
     if not 0.0 < decay <= 1.0:
         raise ValueError(f"decay must be in (0, 1], got {decay}")
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
+    sent = len(tree) if sent is None else sent
     child_tokens: dict[int, set[int]] = {}
+    inner: set[int] = {tree.parents[j] for j in range(sent)}
     for j, p in enumerate(tree.parents):
         child_tokens.setdefault(p, set()).add(tree.tokens[j])
     cands: list[tuple[float, int, int, ProactiveRoot]] = []
-    known = [(ROOT, 0.0, tree.root_top)] + [(i, tree.score[i], tree.top[i]) for i in range(len(tree))]
+    known = [(ROOT, 0.0, tree.root_top)] + [(i, tree.score[i], tree.top[i]) for i in range(sent)]
     for order, (v, s, top) in enumerate(known):
         if top is None:
             continue
         kids = child_tokens.get(v, set())
-        base = s + (math.log(decay) if kids else 0.0)
+        base = s + (math.log(decay) if v in inner else 0.0)
         for rank, (t, lp) in enumerate(x for x in top if x[0] not in kids):
             cands.append((-(base + lp), order, rank, ProactiveRoot(v, t, base + lp)))
     cands.sort(key=lambda c: c[:3])

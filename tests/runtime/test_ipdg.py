@@ -166,7 +166,9 @@ def test_restore_is_bit_identical(tiny_pair, n_steps):
 
 @pytest.mark.parametrize("draft_name", ["same", "partial"])
 def test_kept_branch_equals_fresh_drafting(tiny_pair, draft_name):
-    """After a proactive hit, the kept tree equals a tree drafted from scratch on the new prefix."""
+    """After a proactive hit, every kept node's next tokens and score are the ones a draft run
+    from scratch on its path gives, and the kept KV equals a fresh one's (the branch shares its
+    budget with the other roots, so the kept tree may be smaller than a fresh tree)."""
     _, drafts = tiny_pair
     draft = drafts[draft_name]
     params = TreeParams(3, 10, 2, 2)
@@ -176,29 +178,26 @@ def test_kept_branch_equals_fresh_drafting(tiny_pair, draft_name):
     br = d.branch
     path = d.tree.path(br.node) if br.node >= 0 else []
     d.apply_verdict(path, br.token)  # the verdict the branch guessed
-    kept_levels = d.levels
-    assert kept_levels >= 2
-
+    assert d.levels >= 2
+    t = d.tree
+    assert [x for x, _ in t.root_top] == _fresh_top(draft, d.committed, 2)
+    fed = [i for i in range(len(t)) if t.slot[i] >= 0]
+    assert fed
+    for i in fed:
+        toks = [t.tokens[j] for j in t.path(i)]
+        assert [x for x, _ in t.top[i]] == _fresh_top(draft, d.committed + toks, 2)
+        parent_top = t.root_top if t.parents[i] < 0 else t.top[t.parents[i]]
+        lp = dict(parent_top)[t.tokens[i]]
+        base = 0.0 if t.parents[i] < 0 else t.score[t.parents[i]]
+        assert t.score[i] == pytest.approx(base + lp, abs=1e-5)  # draft log-probs are float32
+    # the KV the kept branch carries equals the fresh one for the committed prefix
     fresh_eng = TorchEngine(draft, capacity=512)
     fresh = Drafter(fresh_eng, params, (EOS_ID,))
     fresh.start(d.committed)
-    fresh.draft(kept_levels)
-    assert fresh.tree.tokens == d.tree.tokens
-    assert fresh.tree.parents == d.tree.parents
-    np.testing.assert_allclose(fresh.tree.score, d.tree.score, atol=1e-5)  # draft log-probs are float32
-    for a, b in zip(fresh.tree.top, d.tree.top, strict=True):
-        assert (a is None) == (b is None)
-        if a is not None:
-            assert [t for t, _ in a] == [t for t, _ in b]
-            np.testing.assert_allclose([lp for _, lp in a], [lp for _, lp in b], atol=1e-5)  # draft log-probs are float32
-    # the KV the kept branch carries equals the fresh one for the committed prefix and fed nodes
+    fresh.draft(1)
     assert d.prefix_len == len(d.committed) and fresh.prefix_len == len(fresh.committed)
     n = d.prefix_len
     assert float((eng.kv.k[:, :, :n] - fresh_eng.kv.k[:, :, :n]).abs().max()) < 1e-9
-    # next step logits agree too: both drafters expand one more level identically
-    d.step()
-    fresh.step()
-    assert d.tree.tokens == fresh.tree.tokens
 
 
 @pytest.mark.parametrize("roots", [1, 3])
@@ -219,7 +218,7 @@ def test_branch_then_verdict_round_trip_is_exact(tiny_pair, roots):
         b = d.save_boundary()
         for _, _ in zip(range(3), d.proactive_steps(), strict=False):
             pass
-        assert 1 <= len(d.branches) <= roots
+        assert 1 <= len(d.branches) <= 2 * roots  # k known outcomes, then k more once the leaves are fed
         v = session.verify(toks, par)
         if not d.branch_hit(list(v.path), v.bonus):
             d.restore_boundary(b)

@@ -276,3 +276,16 @@ def test_plan_invariants_on_random_trees(seed, n, vocab, prefix_len):
         assert plan.keep_slots[plan.prefix_grow:] == [tree.slot[j] for j in desc if tree.slot[j] >= 0]
         for k in range(len(nxt)):
             assert nxt.parents[k] < k
+
+
+def test_only_the_sent_tree_ends_a_verdict():
+    """Nodes past ``sent`` are the branch's own (the cloud never saw them): they give no outcome,
+    and their being children does not make a sent leaf internal; their tokens are still not
+    offered again under the same node."""
+    tree = node_tree([(5, ROOT, 0, -0.1)], root_top=[(5, -0.1), (6, -1.0)])
+    tree.top[0] = [(7, -0.2), (8, -0.9)]
+    j = tree.add_node(7, 0, 2, -0.3)  # the branch hung root (0, 7) under the sent leaf
+    tree.top[j] = [(9, -0.1)]
+    got = choose_proactive_roots(tree, 0.1, 3, sent=1)
+    assert [(r.node, r.token) for r in got] == [(0, 8), (ROOT, 6)]
+    assert got[0].score == pytest.approx(-1.0)  # no decay: node 0 is a leaf of the sent tree
