@@ -36,7 +36,7 @@ EDGE_MODULES = [
     "rapid.engines.kvops_cuda", "rapid.engines.kvops_numpy", "rapid.engines.native", "rapid.engines.ort_engine",
     "rapid.engines.select", "rapid.engines.trt_engine", "rapid.engines.trt_io", "rapid.engines.trt_layout",
 ]
-TORCH_SIDE = {"rapid.engines.torch_engine"}  # the PyTorch draft backend is torch by definition
+TORCH_SIDE = {"rapid.engines.torch_engine", "rapid.engines.rowops", "rapid.engines.row_linear"}  # torch by definition: the PyTorch draft backend, the row kernels (torch tensors) and its projections on them
 
 
 def edge_modules() -> list[str]:
