@@ -87,7 +87,59 @@ def ablation(rows: list[dict], schedule_kind: str = "sustained",
     return out
 
 
-def target_lines(rows: list[dict]) -> list[str]:
+def fastest_checks(rows: list[dict], default: str, kinds: tuple[str, ...] = ("sustained", "burst"),
+                   slack: float = 0.03) -> list[dict]:
+    """Per profile, schedule kind in ``kinds`` and set: the fastest drafting policy measured and
+    ``default``'s tok/s over it (cells without ``default`` are left out):
+
+        fastest  ⇔  ratio = tok_s(default) / max_p tok_s(p) = 1        near  ⇔  ratio >= 1 − slack
+    """
+    out = []
+    for (prof, kind, st), pols in sorted(_tok_s_by_cell(rows).items()):
+        drafting = {p: v for p, v in pols.items() if p != "ar"}
+        if kind not in kinds or default not in drafting:
+            continue
+        best = max(drafting, key=lambda p: (drafting[p], p == default))
+        ratio = drafting[default] / drafting[best] if drafting[best] > 0 else 0.0
+        out.append({"profile": prof, "schedule": kind, "set": st, "fastest": best, "ratio": ratio,
+                    "is_fastest": best == default, "near": ratio >= 1.0 - slack})
+    return out
+
+
+def floor_checks(rows: list[dict], kind: str = "none") -> list[dict]:
+    """Per profile and set under schedule ``kind``: every adaptive policy's tok/s over ``fixed``
+    (ok ⇔ >= 1)."""
+    out = []
+    for (prof, k, st), pols in sorted(_tok_s_by_cell(rows).items()):
+        if k != kind or pols.get("fixed", 0) <= 0:
+            continue
+        ratios = {p: pols[p] / pols["fixed"] for p in ADAPTIVE if p in pols}
+        if ratios:
+            out.append({"profile": prof, "set": st, "ratios": ratios, "ok": min(ratios.values()) >= 1.0})
+    return out
+
+
+def _regime_lines(rows: list[dict], default: str) -> list[str]:
+    """Markdown: is ``default`` the fastest policy under load, and no adaptive policy below fixed
+    without load (empty when neither applies)."""
+    fast, floor = fastest_checks(rows, default), floor_checks(rows)
+    L: list[str] = []
+    if fast:
+        n, best, near = len(fast), sum(c["is_fastest"] for c in fast), sum(c["near"] for c in fast)
+        L += ["", f"## The default policy (`{default}`) against the fastest measured policy, under load", "",
+              f"fastest in {best} of {n} cells, within 3 % in {near} of {n}", "",
+              "| profile | schedule | set | fastest | default / fastest |", "|---|---|---|---|---|"]
+        L += [f"| {c['profile']} | {c['schedule']} | {c['set']} | {c['fastest']} | {c['ratio']:.2f} |" for c in fast]
+    if floor:
+        L += ["", "## Without load: adaptive policies over `fixed`", "",
+              f"no adaptive policy below fixed in {sum(c['ok'] for c in floor)} of {len(floor)} sets", "",
+              "| profile | set | " + " | ".join(ADAPTIVE) + " |", "|---|---|" + "---|" * len(ADAPTIVE)]
+        L += [f"| {c['profile']} | {c['set']} | " + " | ".join(
+            f"{c['ratios'][p]:.2f}" if p in c["ratios"] else "-" for p in ADAPTIVE) + " |" for c in floor]
+    return L
+
+
+def target_lines(rows: list[dict], default: str = "rapid") -> list[str]:
     """Markdown: the count targets and the ablation table (empty when nothing applies)."""
     checks = count_checks(rows)
     L: list[str] = []
@@ -105,4 +157,4 @@ def target_lines(rows: list[dict]) -> list[str]:
         L += ["", "## Ablation under sustained contention (macro mean over sets)", "",
               "| profile | policy | sets | tok/s | vs fixed |", "|---|---|---|---|---|"]
         L += [f"| {a['profile']} | {a['label']} | {a['sets']} | {a['tok_s']:.2f} | {a['gain']:.2f} |" for a in abl]
-    return L
+    return L + _regime_lines(rows, default)

@@ -12,6 +12,7 @@ from pathlib import Path
 from rapid.bench.peer_report import ceiling_lines, peer_lines
 from rapid.bench.plots import make_plots
 from rapid.bench.policy_targets import target_lines
+from rapid.runtime.edge_config import DEFAULT as EDGE_DEFAULT
 
 METRICS = [  # (column, header)
     ("tok_s", "throughput tok/s"),
@@ -178,7 +179,7 @@ def write_report(folder: str | Path, plots: bool = True) -> dict[str, Path]:
     same, checked = lossless_check(runs)
     L = _setup_lines(meta, same, checked)
     L += _result_lines(rows, rat)
-    L += target_lines(rows)
+    L += target_lines(rows, EDGE_DEFAULT.policy)
     vs_ar = {r["set"]: r["vs_ar"] for r in rat if r["policy"] == "rapid" and r["schedule"] == "none" and "vs_ar" in r}
     L += peer_lines(read_jsonl(folder / "peers.jsonl"), vs_ar) + ceiling_lines(rounds)
     pngs = [p for k, p in files.items() if k not in ("summary", "report")]

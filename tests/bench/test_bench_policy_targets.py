@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rapid.bench.policy_targets import CountTarget, ablation, count_checks, target_lines
+from rapid.bench.policy_targets import CountTarget, ablation, count_checks, fastest_checks, floor_checks, target_lines
 
 
 def _rows(tok_s: dict[tuple[str, str, str], float]) -> list[dict]:
@@ -40,3 +40,27 @@ def test_ablation_is_the_macro_mean_of_per_set_ratios():
     assert abl["fixed"]["gain"] == 1.0 and abl["rapid"]["gain"] == pytest.approx((1.5 + 1.2) / 2)
     assert abl["rapid"]["tok_s"] == pytest.approx(2.7) and "ipdg" not in abl
     assert any("Ablation" in line for line in target_lines(ROWS))
+
+
+def test_the_default_policy_against_the_fastest_under_load():
+    rows = ROWS + _rows({("none", "c4", "fixed"): 5.0, ("none", "c4", "rapid"): 1.0,
+                         ("sustained", "c4", "ar"): 99.0})  # ar is no drafting policy; none is no load
+    got = {(c["schedule"], c["set"]): c for c in fastest_checks(rows, "rapid")}
+    assert set(got) == {("sustained", "c4"), ("sustained", "oasst"), ("burst", "c4")}
+    assert got[("sustained", "c4")]["fastest"] == "edgellm" and got[("sustained", "c4")]["ratio"] == pytest.approx(3.0 / 3.2)
+    assert not got[("sustained", "c4")]["near"]  # 0.94 < 0.97
+    assert got[("sustained", "oasst")]["is_fastest"] and got[("burst", "c4")]["is_fastest"]
+    tied = fastest_checks(_rows({("sustained", "c4", "fixed"): 2.0, ("sustained", "c4", "rapid"): 2.0}), "rapid")
+    assert tied[0]["is_fastest"]  # a tie goes to the default
+
+
+def test_without_load_every_adaptive_policy_against_fixed():
+    rows = _rows({("none", "c4", "fixed"): 2.0, ("none", "c4", "rapid"): 2.2, ("none", "c4", "caac"): 1.8,
+                  ("none", "oasst", "fixed"): 2.0, ("none", "oasst", "rapid"): 2.0,
+                  ("sustained", "c4", "fixed"): 1.0, ("sustained", "c4", "rapid"): 0.5})
+    got = {c["set"]: c for c in floor_checks(rows)}
+    assert set(got) == {"c4", "oasst"}
+    assert got["c4"]["ratios"] == {"caac": pytest.approx(0.9), "rapid": pytest.approx(1.1)} and not got["c4"]["ok"]
+    assert got["oasst"]["ok"]
+    text = "\n".join(target_lines(rows + ROWS, "rapid"))
+    assert "fastest in 2 of 3 cells" in text and "no adaptive policy below fixed in 1 of 2 sets" in text
