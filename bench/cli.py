@@ -56,6 +56,7 @@ def bench_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-peers", dest="peers", action="store_const", const=False, help="not even with --vs-ar")
     add_edge_args(ap, "tree", exclude=("policy",))  # the edge's tree options (rapid.runtime.edge_config)
     add_edge_args(ap, "draft", exclude=("capacity", "threads"))
+    ap.set_defaults(draft=None)  # unset: the preset's draft (--slow-edge: default-draft), else the edge's
     add_edge_args(ap, "sampling", exclude=("max_tokens", "top_k"))  # --max-tokens below: the preset's
     ap.add_argument("--dtype", default="auto", help="the target's dtype: auto|bfloat16|float32|float64")
     ap.add_argument("--target", default="default-target")
@@ -89,7 +90,7 @@ def bench_config(a: argparse.Namespace, out: Path) -> BenchConfig:
     """The run a parsed command line asks for: its preset (--smoke, --quick, --vs-ar,
     --slow-edge, else the default run) under the flags given."""
     preset = SMOKE if a.smoke else QUICK if a.quick else VS_AR if a.vs_ar else SLOW_EDGE if a.slow_edge else DEFAULT
-    draft = preset.get("draft", a.draft) if a.draft == EDGE_DEFAULT.draft else a.draft
+    draft = a.draft or preset.get("draft", EDGE_DEFAULT.draft)
 
     def opt(name: str, cli_value):
         return cli_value if cli_value is not None else preset.get(name)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from rapid.bench.policy_targets import CountTarget, ablation, count_checks, fastest_checks, floor_checks, target_lines
+from rapid.bench.policy_targets import (
+    CountTarget,
+    ablation,
+    count_checks,
+    fastest_checks,
+    floor_checks,
+    target_lines,
+)
 
 
 def _rows(tok_s: dict[tuple[str, str, str], float]) -> list[dict]:
