@@ -34,7 +34,8 @@ def test_generate_edge_and_bench_parse_to_the_default_config():
     edge = _parsed(edge_parser())  # the daemon leaves the sampling flags unset: the request's defaults
     assert all(getattr(edge, f.name) == getattr(DEFAULT, f.name) for f in fields(EdgeConfig))
     bench = bench_parser().parse_args([])
-    assert all(getattr(bench, name) == getattr(DEFAULT, name) for name in TREE[1:] + ("draft", "engine"))
+    assert all(getattr(bench, name) == getattr(DEFAULT, name) for name in TREE[1:] + ("engine",))
+    assert bench_config(bench, Path("x")).draft == DEFAULT.draft  # --draft unset: the preset's, else the edge's
     assert all(getattr(BenchConfig(out="x"), name) == getattr(DEFAULT, name) for name in TREE[1:] + ("draft",))
     assert group_fields("tree") == TREE and BENCH_TREE == TREE[1:]  # a new tree option reaches the bench too
     demo = _parsed(build_parser(), "demo")
