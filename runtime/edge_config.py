@@ -93,7 +93,9 @@ class EdgeConfig:
     cloud: str = _opt("ws://127.0.0.1:8765", "cloud", "URL of rapid serve", type=cloud_url)
     token_file: str | None = _opt(None, "cloud", "shared secret for the cloud (else $RAPID_TOKEN; none: no token)")
     cafile: str | None = _opt(None, "cloud", "CA / self-signed certificate to trust for wss://")
-    policy: str = _opt("rapid", "tree", "speculation policy", choices=tuple(POLICIES))
+    # rapid-cost: the fastest policy in 8 of 10 loaded cells of the slow-edge bench, no set below
+    # fixed without load (Zen 3, docs/results.md); rapid was fastest in 2 of 10
+    policy: str = _opt("rapid-cost", "tree", "speculation policy", choices=tuple(POLICIES))
     depth: int = _opt(4, "tree", "tree depth (fixed policies) / initial depth (CAAC)")
     budget: int | str = _opt("auto", "tree", "max tree nodes kept per round, or auto: as many as the cloud "
                              f"verifies at about one step's cost (its measured verify curve), at least "

@@ -7,13 +7,14 @@ change what is drafted and when, never how the cloud accepts.
 | npdg       | fixed            | yes, to the planned depth   | no  (SpecEdge)          |
 | ipdg       | fixed            | yes                         | yes                     |
 | caac       | CAAC             | no                          | –                       |
-| rapid      | CAAC             | yes                         | yes (the default)       |
-| rapid-cost | tokens/s, η gate | yes                         | yes                     |
+| rapid      | CAAC             | yes                         | yes                     |
+| rapid-cost | tokens/s, η gate | yes                         | yes (the default)       |
 | edgellm    | confidence cut   | yes (provisional, chain)    | no  (EdgeLLM-style)     |
 | ar         | 0 (no draft)     | no                          | –   (cloud-only)        |
 
 ``rapid`` is the paper's controller; ``rapid-cost`` keeps its gate and IPDG but picks the depth by
-expected accepted tokens per second of wall time (``rapid.runtime.cost_caac``).
+expected accepted tokens per second of wall time (``rapid.runtime.cost_caac``), and is the default
+(``rapid.runtime.edge_config``): the faster of the two in the slow-edge bench (docs/results.md).
 """
 
 from __future__ import annotations
