@@ -53,6 +53,7 @@ from rapid.runtime.telemetry import RoundRecord, Summary, summarize
 from rapid.runtime.token_scores import TokenScore, verdict_scores
 from rapid.runtime.transcript import Transcript
 from rapid.runtime.tree import TreeParams
+from rapid.runtime.tree_cut import TreeCut
 
 
 @dataclass(slots=True)
@@ -91,6 +92,7 @@ class Coordinator:
         # a caller-owned controller (see controller_for) carries the device's latency baseline
         # across generations; generate() resets only its logical path
         self.controller = controller if controller is not None else controller_for(policy, self.cfg)
+        self.cut = TreeCut()  # how many of a drafted tree's nodes to send (rapid.runtime.tree_cut)
         self.executor = executor  # the worker threads (None: the loop's default pool, shared by everyone)
         self.gate = BranchGate()  # when an interruptible branch starts a step (runtime.branch_gate)
         self._halt = threading.Event()  # set when a generation ends: workers stop at the next step
@@ -199,6 +201,7 @@ class Coordinator:
             d.params, max_new = settle_cloud(d.params, ready, len(prompt), max_new, self.policy.drafting, fit_cloud)
             self.controller.observe_cloud(ready.curve_nodes, [us / 1e6 for us in ready.curve_us],
                                           d.params.budget, d.params.width)
+            self.cut.observe_cloud(ready.curve_nodes, [us / 1e6 for us in ready.curve_us])
             if warm is not None:
                 await asyncio.shield(warm)
             out, records, stopped, scores = await self._rounds(prompt, max_new, sampling, on_tokens, on_scores)
@@ -224,8 +227,9 @@ class Coordinator:
             rec = RoundRecord(round_id, self.policy.name, depth if self.policy.drafting else 0, 0,
                               t_start=self.clock())
             _fill_decision(rec, decision)
-            tokens, parents = await self._draft_round(depth, rec)
+            tokens, parents, scores = await self._draft_round(depth, rec)
             verdict = await self._send_and_await(round_id, tokens, parents, depth, decision, rec)
+            self.cut.observe_verdict(scores, verdict.verify_s, rec.cloud_s - verdict.verify_s, len(verdict.path))
             emitted, decision = self._apply(verdict, depth, decision, rec)
             done = out.take(verdict, emitted, rec)
             rec.t_end = self.clock()
@@ -234,16 +238,20 @@ class Coordinator:
                 return out.tokens, out.records, out.stopped, out.scores
             round_id += 1
 
-    async def _draft_round(self, depth: int, rec: RoundRecord) -> tuple[list[int], list[int]]:
-        """Expand D_i to ``depth`` levels on a worker; the wire tree (empty for ``ar``)."""
+    async def _draft_round(self, depth: int, rec: RoundRecord) -> tuple[list[int], list[int], list[float]]:
+        """Expand D_i to ``depth`` levels on a worker, cut it to the nodes that pay for their
+        verify time (``TreeParams.cost_cut``); the wire tree and its scores (empty for ``ar``)."""
         if not self.policy.drafting:
-            return [], []
+            return [], [], []
         t0 = self.clock()
         rec.draft_steps = await asyncio.shield(self._spawn(self._draft, depth))
         rec.draft_s = self.clock() - t0
-        tokens, parents = self.drafter.wire_tree()
-        rec.tree_nodes, rec.tree_depth = len(tokens), self.drafter.tree.max_depth
-        return tokens, parents
+        d = self.drafter
+        if d.params.cost_cut:
+            d.cut(self.cut.nodes(d.tree.score, rec.draft_s))
+        tokens, parents = d.wire_tree()
+        rec.tree_nodes, rec.tree_depth = len(tokens), d.tree.max_depth
+        return tokens, parents, list(d.tree.score)
 
     async def _send_and_await(self, round_id: int, tokens: list[int], parents: list[int], depth: int,
                               decision: CAACDecision, rec: RoundRecord):

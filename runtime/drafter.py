@@ -257,6 +257,11 @@ class Drafter:
         par = self.tree.parents[best]
         return math.exp(self.tree.score[best] - (0.0 if par == ROOT else self.tree.score[par]))
 
+    def cut(self, nodes: int) -> None:
+        """Keep the ``nodes`` best nodes of the active tree (ancestor-closed; before it is sent)."""
+        if nodes < len(self.tree):
+            self.tree.prune(max(1, nodes))
+
     def wire_tree(self) -> tuple[list[int], list[int]]:
         return list(self.tree.tokens), list(self.tree.parents)
 

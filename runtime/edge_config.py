@@ -113,6 +113,9 @@ class EdgeConfig:
                          "without the flag they are coupled", "--no-coupled")
     branch_roots: int = _opt(1, "tree", "roots of the proactive branch: the likeliest verdict outcomes (accepted "
                              "path end, bonus token), fed in its first step (rapid.runtime.ipdg)")
+    cost_cut: bool = _opt(True, "tree", "send all the nodes the budget keeps instead of only the best ones whose "
+                          "expected accepted tokens pay for their verify time on the cloud's curve "
+                          "(rapid.runtime.tree_cut); without the flag the tree is cut", "--no-cost-cut")
     max_tokens: int = _opt(64, "sampling", "new tokens to generate at most")
     temperature: float = _opt(0.0, "sampling", "0 = greedy")
     top_p: float = _opt(1.0, "sampling", "sampling nucleus (1 = off)")
@@ -129,7 +132,7 @@ class EdgeConfig:
         auto = self.budget == "auto"
         return TreeParams(self.depth, AUTO_BUDGET_CAP if auto else int(self.budget), self.topk, self.width,
                           auto_budget=auto, coupled=self.coupled, lookup=self.lookup, min_p=self.min_p,
-                          branch_roots=self.branch_roots)
+                          branch_roots=self.branch_roots, cost_cut=self.cost_cut)
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed)

@@ -58,6 +58,8 @@ class TreeParams:
     min_p: float = 0.0  # send no node whose path probability exp(score) is below this (the best one always;
     # the commands' default is rapid.runtime.edge_config.DEFAULT.min_p)
     branch_roots: int = 1  # proactive branch roots: the likeliest verdict outcomes (rapid.runtime.ipdg)
+    cost_cut: bool = False  # send only the best nodes that pay for their verify time (rapid.runtime.tree_cut;
+    # the commands' default is rapid.runtime.edge_config.DEFAULT.cost_cut)
 
     @property
     def floor(self) -> float:

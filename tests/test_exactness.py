@@ -3,7 +3,8 @@
 Property test over the real websocket (verifier in a background thread on loopback): random
 prompts, depths 1..8, budgets 1..64, greedy and seeded sampling, draft = target / a perturbed
 copy / an unrelated model, random verdict delays (feedback arrives at random points of the
-proactive branch), random per-step delays, stop tokens and max-token limits.
+proactive branch), random per-step delays, stop tokens and max-token limits, trees sent whole or
+cut to the nodes that pay for their verify time (``TreeParams.cost_cut``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ _delay_rng = random.Random(0)
 @pytest.fixture(scope="module")
 def cloud(tiny_pair):
     target, _ = tiny_pair
-    server = BackgroundServer(VerifierServer(target, answer_delay=lambda: _delay_rng.choice([0.0, 0.0005, 0.003, 0.01])))
+    # a verify curve steep past a few nodes, so TreeParams.cost_cut sends fewer nodes than drafted
+    server = BackgroundServer(VerifierServer(target, answer_delay=lambda: _delay_rng.choice([0.0, 0.0005, 0.003, 0.01]),
+                                             curve=([1, 4, 64], [500, 1500, 60000])))
     yield server
     server.close()
 
@@ -66,9 +69,10 @@ sampling_st = st.one_of(
     depth=st.integers(1, 8), budget=st.integers(1, 64), topk=st.integers(1, 4), width=st.integers(1, 4),
     max_new=st.integers(1, 28), sampling=sampling_st, stop_at=st.none() | st.integers(0, 27),
     step_delays=st.lists(st.sampled_from([0.0, 0.0005, 0.002]), max_size=4), roots=st.integers(1, 4),
+    cut=st.booleans(),
 )
 def test_every_policy_matches_target_alone(cloud, tiny_pair, policy, draft, prompt, depth, budget, topk, width,
-                                           max_new, sampling, stop_at, step_delays, roots):
+                                           max_new, sampling, stop_at, step_delays, roots, cut):
     target, drafts = tiny_pair
     stop_ids = (EOS_ID,)
     if stop_at is not None:  # make a token the reference really emits a stop token: exercises early stops
@@ -76,7 +80,7 @@ def test_every_policy_matches_target_alone(cloud, tiny_pair, policy, draft, prom
         stop_ids = (EOS_ID, full[stop_at])
     expected = reference_decode(target, prompt, max_new, sampling, stop_ids)
     gen = run_edge(cloud.url, drafts[draft], policy, prompt, max_new, sampling,
-                   TreeParams(depth, budget, topk, width, branch_roots=roots), stop_ids, step_delays)
+                   TreeParams(depth, budget, topk, width, branch_roots=roots, cost_cut=cut), stop_ids, step_delays)
     assert gen.tokens == expected
     assert len(gen.tokens) <= max_new
     assert sum(r.emitted for r in gen.records) == len(gen.tokens)

@@ -21,7 +21,7 @@ from rapid.runtime.engine_pool import EdgeService
 from rapid.runtime.policies import POLICIES
 from rapid.runtime.session import EdgeSession
 
-TREE = ("policy", "depth", "budget", "topk", "width", "lookup", "min_p", "coupled", "branch_roots")
+TREE = ("policy", "depth", "budget", "topk", "width", "lookup", "min_p", "coupled", "branch_roots", "cost_cut")
 
 
 def _parsed(parser: argparse.ArgumentParser, *argv: str) -> EdgeConfig:
