@@ -22,10 +22,12 @@ QUICK = dict(policies="fixed,rapid", sets="c4", n_prompts=1, token_budget=32, ma
 # the default run: 22 min on the default pair, 2 cores (36 generations + 2 warm-ups)
 DEFAULT = dict(policies="fixed,npdg,rapid", sets="c4,oasst", n_prompts=1, token_budget=64, max_new=16,
                schedules="none,sustained", profiles="wan", repeats=3)
-# the target-alone comparison: rapid vs ar on five sets, no contention, 48 tokens (~15 min on 2 cores)
+# the target-alone comparison: rapid and the default policy vs ar on five sets, no contention, 48 tokens
+# (~20 min on 2 cores, Zen 3)
 # (+ the HF peers, ~6 min more)
-VS_AR = dict(policies="ar,rapid", sets="c4,oasst,mtbench,wikitext,humaneval", n_prompts=2, token_budget=64,
-             max_new=48, schedules="none", profiles="lan", repeats=3, peers=True)
+VS_AR = dict(policies=",".join(dict.fromkeys(("ar", "rapid", EDGE_DEFAULT.policy))),
+             sets="c4,oasst,mtbench,wikitext,humaneval", n_prompts=2, token_budget=64, max_new=48,
+             schedules="none", profiles="lan", repeats=3, peers=True)
 # the slow-edge regime (issue 22): the PyTorch draft (a step ~0.3-0.4 of a verify on a CPU), 30 ms RTT,
 # every policy under no load, sustained and burst load, five sets (~1 h on 2 cores; 24 tokens)
 SLOW_EDGE = dict(policies=",".join(POLICIES), sets="c4,oasst,mtbench,wikitext,humaneval", n_prompts=1,

@@ -50,15 +50,15 @@ def peer_ratios(peers: list[dict]) -> dict[str, dict[str, tuple[float, int, int]
     return dict(out)
 
 
-def peer_lines(peers: list[dict], rapid_vs_ar: dict[str, float]) -> list[str]:
-    """The peers table; ``rapid_vs_ar``: set → rapid's median tok/s over ar (one profile, no load)."""
+def peer_lines(peers: list[dict], rapid_vs_ar: dict[str, float], policy: str = "rapid") -> list[str]:
+    """The peers table; ``rapid_vs_ar``: set → ``policy``'s median tok/s over ar (one profile, no load)."""
     if not peers:
         return []
     pr = peer_ratios(peers)
     L = ["", "## Peers: each one's ratio to its own target-alone run", "",
          "HF transformers on the same prompts, pair (PyTorch draft) and dtype, greedy, 1 thread, on the "
          "cloud's core (`rapid.bench.peers`).", "",
-         "| set | rapid/ar | hf-assisted/hf-plain | same tokens | hf-lookup/hf-plain | same tokens | rapid ahead |",
+         f"| set | {policy}/ar | hf-assisted/hf-plain | same tokens | hf-lookup/hf-plain | same tokens | rapid ahead |",
          "|---|---|---|---|---|---|---|"]
     for pset in sorted(set(pr) | set(rapid_vs_ar)):
         mine = rapid_vs_ar.get(pset)
@@ -98,11 +98,11 @@ def ceiling_rows(rounds: list[dict], policy: str = "rapid") -> list[dict]:
     return out
 
 
-def ceiling_lines(rounds: list[dict]) -> list[str]:
-    rows = ceiling_rows(rounds)
+def ceiling_lines(rounds: list[dict], policy: str = "rapid") -> list[str]:
+    rows = ceiling_rows(rounds, policy)
     if not rows:
         return []
-    L = ["", "## Where the accepted length stops (rapid's rounds, no load)", "",
+    L = ["", f"## Where the accepted length stops ({policy}'s rounds, no load)", "",
          "| set | accepted / round | tokens / verify | nodes sent | verify ms | T=1 verify ms | ideal (tree depth) "
          "| steps / round | draft ms / round |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

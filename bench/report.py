@@ -95,7 +95,7 @@ def ratios(rows: list[dict], base: str = "fixed") -> list[dict]:
 TARGETS = (("sustained", "rapid", "fixed", 1.3), ("sustained", "rapid", "npdg", 1.1), ("none", "rapid", "fixed", 1.0),
            ("none", "rapid", "ar", 1.0))
 # ... and over the sets: the median of a cell ratio across prompt sets (schedule kind, policy, baseline, goal)
-MEDIAN_TARGETS = (("none", "rapid", "ar", 1.6),)
+MEDIAN_TARGETS = (("none", "rapid", "ar", 1.6), ("none", EDGE_DEFAULT.policy, "ar", 1.6))  # rows only where run
 
 
 def median_target_check(rat: list[dict]) -> list[dict]:
@@ -180,8 +180,9 @@ def write_report(folder: str | Path, plots: bool = True) -> dict[str, Path]:
     L = _setup_lines(meta, same, checked)
     L += _result_lines(rows, rat)
     L += target_lines(rows, EDGE_DEFAULT.policy)
-    vs_ar = {r["set"]: r["vs_ar"] for r in rat if r["policy"] == "rapid" and r["schedule"] == "none" and "vs_ar" in r}
-    L += peer_lines(read_jsonl(folder / "peers.jsonl"), vs_ar) + ceiling_lines(rounds)
+    lead = EDGE_DEFAULT.policy if any(r["policy"] == EDGE_DEFAULT.policy for r in rows) else "rapid"
+    vs_ar = {r["set"]: r["vs_ar"] for r in rat if r["policy"] == lead and r["schedule"] == "none" and "vs_ar" in r}
+    L += peer_lines(read_jsonl(folder / "peers.jsonl"), vs_ar, lead) + ceiling_lines(rounds, lead)
     pngs = [p for k, p in files.items() if k not in ("summary", "report")]
     if pngs:
         L += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in pngs]
