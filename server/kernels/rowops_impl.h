@@ -230,11 +230,13 @@ static inline void column_steps(int64_t nb_begin, int64_t nb_end, F&& f) {
     with_const<CBS - 1>(nb_end - nb, [&](auto c) { f(c, nb); });
 }
 
-// AVX2 only (16 ymm registers, tiles of at most 12 accumulators). Measured on a Zen 3 (1 core, the
-// target's layer shapes streamed from DRAM, fp32 weights, time relative to M = 1): 4 x 3 tiles gave
-// M = 8 1.58x, M = 12 2.13x, M = 16 2.63x; with 7-8 rows as ONE tile of 8 rows x 1 block (8
-// accumulators, the weights pass once) M = 8 is 1.09x, and past 8 rows tiles of <= 6 rows x 2 blocks
-// give M = 12 1.64x, M = 16 2.19x. Up to 6 rows the tiles above are already the fastest (one pass).
+// AVX2 only (16 ymm registers, tiles of at most 12 accumulators): 7-8 rows run as ONE tile of 8 rows
+// x 1 block (8 accumulators, the weights pass once), and past 8 rows tiles of <= 6 rows x 2 blocks.
+// Measured on a Zen 3 (1 core, the target's layer shapes streamed from DRAM, fp32 weights, two runs
+// interleaved with the 4 x 3 build, time relative to M = 1): M = 7 1.28-1.36x (4 x 3: 1.54-1.70x),
+// M = 8 1.38-1.44x (1.48-1.62x), M = 12 1.84-1.92x (1.98-1.99x), M = 16 2.35-2.44x (2.44-2.46x).
+// Up to 6 rows the tiles above are already one pass. 8 x 1 for every M is slow at 1-6 rows (too few
+// accumulators to hide the FMA latency).
 #if defined(__AVX512F__)
 constexpr int ONE_BLOCK_R = 0;  // no single-block tile
 constexpr int MANY_R = TILE_R, MANY_CB = TILE_CB;
@@ -252,7 +254,7 @@ static inline void by_shape(int64_t M, int64_t nb_begin, int64_t nb_end, F&& f) 
         column_steps<TILE_CB>(nb_begin, nb_end, [&](auto c, int64_t nb) { f(c, integral_constant<int, TILE_R>{}, nb); });
     else if (M <= WIDE2_R)
         column_steps<2>(nb_begin, nb_end, [&](auto c, int64_t nb) { f(c, integral_constant<int, WIDE2_R>{}, nb); });
-    else if (ONE_BLOCK_R > 0 && M <= ONE_BLOCK_R) {
+    else if (M <= ONE_BLOCK_R) {  // never on AVX-512 (0), where the branch is not even instantiated
         if constexpr (ONE_BLOCK_R > 0)
             column_steps<1>(nb_begin, nb_end, [&](auto c, int64_t nb) { f(c, integral_constant<int, ONE_BLOCK_R>{}, nb); });
     } else
