@@ -199,9 +199,9 @@ class Coordinator:
                                                sampling.seed, max_nodes=d.params.budget, logprobs=logprobs),
                                          d.transcript)
             d.params, max_new = settle_cloud(d.params, ready, len(prompt), max_new, self.policy.drafting, fit_cloud)
-            self.controller.observe_cloud(ready.curve_nodes, [us / 1e6 for us in ready.curve_us],
-                                          d.params.budget, d.params.width)
-            self.cut.observe_cloud(ready.curve_nodes, [us / 1e6 for us in ready.curve_us])
+            curve_s = [us / 1e6 for us in ready.curve_us]
+            self.controller.observe_cloud(ready.curve_nodes, curve_s, d.params.budget, d.params.width)
+            self.cut.observe_cloud(ready.curve_nodes, curve_s)
             if warm is not None:
                 await asyncio.shield(warm)
             out, records, stopped, scores = await self._rounds(prompt, max_new, sampling, on_tokens, on_scores)
@@ -229,8 +229,7 @@ class Coordinator:
             _fill_decision(rec, decision)
             tokens, parents, scores = await self._draft_round(depth, rec)
             verdict = await self._send_and_await(round_id, tokens, parents, depth, decision, rec)
-            self.cut.observe_verdict(scores, verdict.verify_s, rec.cloud_s - verdict.verify_s, len(verdict.path))
-            emitted, decision = self._apply(verdict, depth, decision, rec)
+            emitted, decision = self._apply(verdict, depth, decision, rec, scores)
             done = out.take(verdict, emitted, rec)
             rec.t_end = self.clock()
             out.records.append(rec)
@@ -281,18 +280,20 @@ class Coordinator:
         rec.verify_s = verdict.verify_s
         return verdict
 
-    def _apply(self, verdict, depth: int, decision: CAACDecision,
-               rec: RoundRecord) -> tuple[list[int], CAACDecision]:
-        """Commit path + bonus in the drafter, let the controller observe round i; (the emitted
-        tokens, the decision for L_{i+1})."""
+    def _apply(self, verdict, depth: int, decision: CAACDecision, rec: RoundRecord,
+               scores: list[float]) -> tuple[list[int], CAACDecision]:
+        """Commit path + bonus in the drafter, let the controller and the send cut observe round i
+        (``scores``: the sent tree's); (the emitted tokens, the decision for L_{i+1})."""
         d = self.drafter
         plan = d.apply_verdict(list(verdict.path), verdict.bonus)
         if plan.hit:
             rec.reused_depth = d.levels
         rec.accepted = len(verdict.path)
-        if self.policy.drafting:  # the link's share of the wait: arrival - send - verify
-            self.controller.observe_verdict(depth, rec.tree_nodes, verdict.verify_s,
-                                            rec.cloud_s - verdict.verify_s, rec.accepted, rec.proactive_hit)
+        if self.policy.drafting:
+            rtt = rec.cloud_s - verdict.verify_s  # the link's share of the wait: arrival - send - verify
+            self.controller.observe_verdict(depth, rec.tree_nodes, verdict.verify_s, rtt, rec.accepted,
+                                            rec.proactive_hit)
+            self.cut.observe_verdict(scores, verdict.verify_s, rtt, rec.accepted)
         self.controller.observe_round(len(verdict.path), max(depth, 1), rec.cloud_s, decision.b_hat)
         # settled on the freshest acceptance, knowing the levels the kept branch supplies
         return plan.emitted, self.controller.next_depth(self.policy.proactive, d.levels)

@@ -7,7 +7,9 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rapid.runtime.tree import TokenTree
+from rapid.engines.torch_engine import TorchEngine
+from rapid.runtime.drafter import Drafter
+from rapid.runtime.tree import TokenTree, TreeParams
 from rapid.runtime.tree_cut import G_MAX, G_MIN, TreeCut, best_cut
 
 
@@ -59,10 +61,6 @@ def test_no_curve_sends_everything_and_the_calibration_follows_the_verdicts():
 
 
 def test_the_drafters_cut_keeps_the_best_nodes_closed_under_ancestors(tiny_pair):
-    from rapid.engines.torch_engine import TorchEngine
-    from rapid.runtime.drafter import Drafter
-    from rapid.runtime.tree import TreeParams
-
     _, drafts = tiny_pair
     d = Drafter(TorchEngine(drafts["partial"], capacity=256), TreeParams(4, 16, 3, 3, lookup=0), ())
     d.start(list(b"a cut tree"))
