@@ -67,7 +67,9 @@ def failures(s: dict) -> list[str]:
     if s["leak"].get("sessions_active") != 0:
         out.append(f"leaked sessions: rapid_sessions_active = {s['leak'].get('sessions_active')} after the grace period")
     if s["rogue"]["anomalies"]:
-        out.append(f"{len(s['rogue']['anomalies'])} rogue frame(s) got a wrong or no answer")
+        which = "; ".join(f"{x['case']} at {x.get('at_s')} s wanted {x.get('want')}, got {x.get('got')}"
+                          for x in s["rogue"]["anomalies"])
+        out.append(f"{len(s['rogue']['anomalies'])} rogue frame(s) got a wrong or no answer ({which})")
     return out
 
 

@@ -199,18 +199,28 @@ class Soak:
         await self.cloud.start()
 
     async def inject_replica_kill(self, rng: random.Random) -> None:
-        """SIGKILL one verifier replica while runs are in flight (Serve starts a new one)."""
-        def kill_one() -> bool:
-            pids = self.cloud.replica_pids()
-            if not self.live or len(pids) < 2:  # a replica to fail over to, and a session to move
-                return False
-            try:
-                os.kill(rng.choice(pids), signal.SIGKILL)
-            except OSError:
-                return False
-            return True
+        """SIGKILL one verifier replica while runs are in flight (Serve starts a new one).
 
-        await self._when_possible("replica_kill", kill_one)
+        Only while at least two replicas serve (the ingress's ``rapid_replicas_live``, the ones
+        that answered its /metrics call): a replica process that is still loading counts in
+        ``replica_pids`` but not there, and killing the last serving one while its replacement
+        loads is an outage of the soak's own making, not a failover."""
+        while not self.over():
+            pids = self.cloud.replica_pids()
+            if self.live and len(pids) >= 2 and await self._replicas_serving() >= 2:
+                try:
+                    os.kill(rng.choice(pids), signal.SIGKILL)
+                except OSError:  # it died on its own just now: try again
+                    pass
+                else:
+                    self.injected("replica_kill")
+                    return
+            await asyncio.sleep(0.2)
+        self.faults["replica_kill_skipped"] += 1
+
+    async def _replicas_serving(self) -> int:
+        live = await asyncio.to_thread(metric, self.cloud.port, "rapid_replicas_live", 5.0, self.secure)
+        return int(live or 0)
 
     async def inject_cloud_freeze(self, rng: random.Random) -> None:
         while not self.cloud.up.is_set():
@@ -261,10 +271,12 @@ class Soak:
 
     async def inject_rogue(self, case: str, messages: list) -> None:
         before, was_up = len(self.cloud.incarnations), self.cloud.up.is_set()
+        kills = self.faults["replica_kill"]
         result = await rogue(self.cloud.url, case, messages, self.secure)
         if result["outcome"] != "ok":  # a wrong answer, silence, a dropped or refused connection:
             result["raw"] = result["outcome"]
-            disturbed = not was_up or len(self.cloud.incarnations) != before or not self.cloud.up.is_set()
+            disturbed = (not was_up or len(self.cloud.incarnations) != before or not self.cloud.up.is_set()
+                         or self.faults["replica_kill"] != kills)  # its replica may have been the one killed
             result["outcome"] = "cloud_down" if disturbed else "anomaly"  # ...the rogue's doing unless killed
         result["at_s"] = self.now()
         self.rogue.append(result)
