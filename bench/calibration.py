@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rapid.bench.report import read_jsonl
 from rapid.runtime.cost_model import interpolate_sorted
+from rapid.runtime.policies import POLICIES
 from rapid.runtime.tree import AUTO_BUDGET_CAP
 
 
@@ -37,7 +38,22 @@ class Calibration:
     warm_controller: bool = False  # the traced runs carried a warmed-up controller across generations
     cut_continue: tuple[float, float] | None = None  # EdgeLLM confidence cut: P(continue | miss, match)
     tokens_per_step: float = 2.0
+    # a one-token (chain) step's time relative to a tree step, where a non-interruptible chain
+    # branch was traced (its steps then set the wait); None: tokens / tokens_per_step
+    chain_step: float | None = None
+    # per non-interruptible proactive policy: mean branch steps a round ran (they all run)
+    branch_steps_by_policy: dict[str, float] = field(default_factory=dict)
     match_bits: list[int] = field(default_factory=lambda: [1, 1, 0])
+    # aligned with match_bits: levels a prompt-lookup chain offers a round that starts there
+    # (a traced round whose sent tree reached deeper than its drafted levels), 0 elsewhere
+    lookup_reach: list[int] = field(default_factory=list)
+    # per policy: median levels of the sent tree by drafted levels, lookup rounds left out (the
+    # send cut keeps fewer levels than were drafted where deep nodes do not pay)
+    levels_by_policy: dict[str, dict[int, float]] = field(default_factory=dict)
+    # per policy: mean draft steps a round ran by the levels it planned to draft (depth - reused):
+    # level 1 is often free (the root's next token is known from the verdict) and a tree whose
+    # frontier falls below the score floor stops early
+    steps_by_policy: dict[str, dict[int, float]] = field(default_factory=dict)
     p_accept: float = 0.6  # per-token acceptance (for censored rounds)
     p_hit_full: float = 0.5  # proactive hit rate after a fully accepted round
     p_hit_part: float = 0.3  # ... after a partly accepted round
@@ -75,6 +91,8 @@ class Calibration:
         samples, ``step_tokens`` tokens): curve(tokens) / curve(step_tokens); without a curve
         tokens / step_tokens (cost linear in tokens, as traced on this CPU in fp32)."""
         if self.step_curve is None:
+            if self.chain_step is not None and tokens < self.step_tokens:
+                return interpolate_sorted(tokens, [1.0, float(self.step_tokens)], [self.chain_step, 1.0])
             return tokens / self.step_tokens
         return self.step_curve_at(tokens) / self.step_curve_at(self.step_tokens)
 
@@ -87,8 +105,21 @@ class Calibration:
             return self.nodes_by_depth[depth]
         return float(min(self.budget, 2 * depth))
 
+    def levels(self, depth: int, policy: str | None = None) -> int:
+        """Levels of the tree sent after drafting ``depth`` (the send cut may drop the deepest)."""
+        return max(1, round(self.levels_by_policy.get(policy or "", {}).get(depth, depth))) if depth > 0 else 0
+
+    def steps(self, planned: int, policy: str | None = None) -> float:
+        """Mean draft steps a round runs to draft ``planned`` levels (``planned`` where untraced)."""
+        return self.steps_by_policy.get(policy or "", {}).get(planned, float(planned)) if planned > 0 else 0.0
+
+    def reach(self, p: int) -> int:
+        """Levels a prompt-lookup chain offers at replay position ``p`` (0: none)."""
+        return self.lookup_reach[p % len(self.lookup_reach)] if self.lookup_reach else 0
+
     def to_json(self) -> dict:
-        d = {k: getattr(self, k) for k in self.__slots__ if k not in ("step_s", "match_bits")}
+        d = {k: getattr(self, k) for k in self.__slots__
+             if k not in ("step_s", "match_bits", "lookup_reach", "levels_by_policy", "steps_by_policy")}
         d["step_s_median"] = statistics.median(self.step_s) if self.step_s else None
         d["step_samples"] = len(self.step_s)
         d["match_bits"] = len(self.match_bits)
@@ -131,8 +162,13 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
                 busy_int.append(_sched_intensity(scheds, r.get("schedule")))
             elif r.get("load", 0.0) == 0.0:
                 free.append(s)
+    traced = {str(r.get("schedule")) for r in rounds}
+    if not free and busy and len(traced) == 1:  # one loaded schedule only: its steps are the reference
+        free, busy = busy, []
     cal = Calibration(step_s=free or [0.05], depth=int(cfg.get("depth", 4)), budget=_traced_budget(cfg),
                       tokens_per_step=float(cfg.get("width", 2)))
+    if not busy and traced - {"none"} and len(traced) == 1:
+        cal.slowdown_by_schedule = {traced.pop(): 1.0}  # ...so simulated under it, at its own speed
     if free and busy:
         cal.slowdown = max(1.0, statistics.median(busy) / statistics.median(free))
         cal.cal_intensity = statistics.median(busy_int)
@@ -160,6 +196,7 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
     cal.prefill_s = _prefill(rounds, by_run)
     cal.warm_controller = str(meta.get("controller", "")).startswith("carried")
     cal.cut_continue = _cut_model(rounds)
+    cal.chain_step, cal.branch_steps_by_policy = _chain_branch(rounds)
     cal.source = ", ".join(sorted({str(r.get("profile")) for r in runs}))
     return cal
 
@@ -215,22 +252,35 @@ def _startup(runs: list[dict], by_run: dict[tuple, list[dict]]) -> float:
 
 
 def fit_acceptance(cal: Calibration, rounds: list[dict], seed: int = 0) -> Calibration:
-    """Replace ``cal``'s acceptance replay (match string, per-token acceptance, hit rates) by the
-    one of ``rounds`` (e.g. one prompt set's), keeping the timing model; returns ``cal``."""
-    # per-position match string
-    ones = sum(min(r["accepted"], r["depth"]) for r in rounds if r.get("depth", 0) > 0)
-    zeros = sum(1 for r in rounds if r.get("depth", 0) > 0 and r["accepted"] < r["depth"])
+    """Replace ``cal``'s acceptance replay (match string, lookup reach, per-token acceptance, sent
+    levels, hit rates) by the one of ``rounds`` (e.g. one prompt set's), keeping the timing model;
+    returns ``cal``.
+
+    A round that accepted ``a`` of the ``L`` levels it sent (``tree_depth``; ``depth`` in traces
+    without it) gives ``a`` ones and, if ``a < L``, a zero; a fully accepted round's next bit is
+    drawn with the per-token acceptance. A round whose tree reached deeper than it drafted (a
+    prompt-lookup chain) records that reach at its start, counting down along its accepted run."""
+    sent = [(r, _sent_levels(r)) for r in rounds if r.get("depth", 0) > 0]
+    ones = sum(min(r["accepted"], n) for r, n in sent)
+    zeros = sum(1 for r, n in sent if r["accepted"] < n)
     cal.p_accept = ones / max(ones + zeros, 1) if ones + zeros else 0.6
     rng = random.Random(seed)
     bits: list[int] = []
+    reach: list[int] = []
     for rs in _group_runs(rounds).values():
+        prev_reused = 0
         for r in sorted(rs, key=lambda x: x["round"]):
+            drafted, prev_reused = r.get("draft_steps", 0) + prev_reused, r.get("reused_depth", 0)
             if r.get("depth", 0) <= 0:
                 continue
-            a = min(r["accepted"], r["depth"])
-            bits += [1] * a
-            bits.append(0 if a < r["depth"] else int(rng.random() < cal.p_accept))
-    cal.match_bits = bits or [1, 1, 0]
+            n = _sent_levels(r)
+            a = min(r["accepted"], n)
+            lookup = n if n > drafted else 0
+            bits += [1] * a + [0 if a < n else int(rng.random() < cal.p_accept)]
+            reach += [max(0, lookup - j) for j in range(a + 1)]
+    cal.match_bits, cal.lookup_reach = (bits, reach) if bits else ([1, 1, 0], [])
+    cal.levels_by_policy = _levels_by_policy(rounds)
+    cal.steps_by_policy = _steps_by_policy(rounds)
     branched = [r for r in rounds if r.get("proactive_hit") is not None]
     cal.p_hit_full, cal.p_hit_part = _hit_rates(branched, 0.3)
     cal.hits_by_policy = {}
@@ -239,6 +289,36 @@ def fit_acceptance(cal: Calibration, rounds: list[dict], seed: int = 0) -> Calib
         if len(mine) >= 10:  # the branch's shape (chain vs tree, depth) is the policy's
             cal.hits_by_policy[pol] = _hit_rates(mine, sum(bool(r["proactive_hit"]) for r in mine) / len(mine))
     return cal
+
+
+def _sent_levels(r: dict) -> int:
+    """Levels of the tree a round sent (its accepted length never exceeds them)."""
+    return max(int(r.get("tree_depth") or r["depth"]), r["accepted"], 1)
+
+
+def _steps_by_policy(rounds: list[dict]) -> dict[str, dict[int, float]]:
+    """Mean draft steps by planned levels (depth - levels kept from the branch), per policy."""
+    acc: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for rs in _group_runs(rounds).values():
+        prev_reused = 0
+        for r in sorted(rs, key=lambda x: x["round"]):
+            planned, prev_reused = r.get("depth", 0) - prev_reused, r.get("reused_depth", 0)
+            if planned > 0:
+                acc[str(r.get("policy"))][planned].append(r.get("draft_steps", 0))
+    return {p: {lv: statistics.fmean(v) for lv, v in t.items() if len(v) >= 3} for p, t in acc.items()}
+
+
+def _levels_by_policy(rounds: list[dict]) -> dict[str, dict[int, float]]:
+    """Median sent levels by drafted levels (drafted steps + levels kept from the branch), per
+    policy; rounds whose tree reached deeper than they drafted (lookup) are left out."""
+    acc: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for rs in _group_runs(rounds).values():
+        prev_reused = 0
+        for r in sorted(rs, key=lambda x: x["round"]):
+            drafted, prev_reused = r.get("draft_steps", 0) + prev_reused, r.get("reused_depth", 0)
+            if drafted > 0 and r.get("depth", 0) > 0 and r.get("tree_depth") and r["tree_depth"] <= drafted:
+                acc[str(r.get("policy"))][drafted].append(r["tree_depth"])
+    return {p: {lv: statistics.median(v) for lv, v in t.items() if len(v) >= 3} for p, t in acc.items()}
 
 
 def _hit_rates(branched: list[dict], default: float) -> tuple[float, float]:
@@ -284,6 +364,20 @@ def _cut_model(rounds: list[dict]) -> tuple[float, float] | None:
     if cont[0][1] + cont[1][1] < 5:
         return None
     return tuple(c / n if n else 1.0 for c, n in cont)  # type: ignore[return-value]
+
+
+def _chain_branch(rounds: list[dict]) -> tuple[float | None, dict[str, float]]:
+    """From the non-interruptible chain branches traced (``Policy.chain_branch``, not
+    ``interruptible``): a chain step's time relative to a tree step (median over rounds whose
+    wait the branch set, wait > 1.1 x the cloud's time, of wait/branch steps over draft time/draft
+    steps: both under the same load), and the mean branch steps a round ran, per policy."""
+    chains = {p.name for p in POLICIES.values() if p.proactive and p.chain_branch and not p.interruptible}
+    mine = [r for r in rounds if r.get("policy") in chains and r.get("proactive_steps")]
+    ratio = [(r["wait_s"] / r["proactive_steps"]) / (r["draft_s"] / r["draft_steps"]) for r in mine
+             if r.get("draft_steps", 0) > 0 and r.get("draft_s", 0) > 0 and r.get("wait_s", 0) > 1.1 * r.get("cloud_s", 0)]
+    steps = {p: statistics.fmean(r["proactive_steps"] for r in mine if r["policy"] == p)
+             for p in sorted({r["policy"] for r in mine})}
+    return (statistics.median(ratio) if len(ratio) >= 10 else None), steps
 
 
 def _traced_budget(cfg: dict) -> int:

@@ -7,9 +7,14 @@ Model (one edge; N edges share one cloud in the scale study):
   a least-squares line fitted to the traced ``verify_s`` (or a GPU profile JSON, seconds vs
   nodes), the RTT drawn from the network profile, plus the measured transport overhead;
 - acceptance replayed from the traces as a per-position match string (a round that accepted a
-  of L gives a ones and, if a < L, a zero; a fully accepted round's next bit is drawn with the
-  traced per-token acceptance); proactive hits drawn per position with the traced hit rates
-  (separately for fully and partly accepted rounds).
+  of the L levels it sent gives a ones and, if a < L, a zero; a fully accepted round's next bit
+  is drawn with the traced per-token acceptance); proactive hits drawn per position with the
+  traced hit rates (separately for fully and partly accepted rounds);
+- the tree's shape as traced per policy: the draft steps a planned depth ran (level 1 is often
+  free), the levels the send cut kept, and, aligned with the match string, the reach of a
+  prompt-lookup chain where a traced tree went deeper than it drafted (a simulated round sends
+  max(kept levels, reach) levels); a non-interruptible chain branch runs its traced steps, each
+  costing the traced chain-step time.
 
 The SAME policy code decides: the policy flags are the ``rapid.runtime.policies.POLICIES``
 objects, and the depth controller is the one ``rapid.runtime.coordinator.Coordinator`` builds
@@ -117,6 +122,14 @@ class _Edge:
         while k < cap and self.bit(p + k):
             k += 1
         return k
+
+    def sent_levels(self, depth: int) -> int:
+        """Levels of the tree a round sends for a drafted ``depth``: the traced levels after the
+        send cut, or a longer prompt-lookup chain where the replay offers one (the oracle drafts
+        exactly the chain it planned)."""
+        if depth <= 0 or self.oracle:
+            return depth
+        return max(self.cal.levels(depth, self.policy.name), self.cal.reach(self.offset + self.pos))
 
     def factor(self, t: float) -> float:
         s = self.sched
@@ -267,6 +280,10 @@ class _Cloud:
             t += e.prefill * e.factor(t)
             e.prefill = 0.0
         planned = max(0, depth - e.reused) if depth > 0 else 0
+        if not e.oracle and e.policy.confidence_floor is None:  # (EdgeLLM's cut has its own model)
+            # the traced steps for those levels (level 1 is often free), rounded at random
+            mean = e.cal.steps(planned, e.policy.name)
+            planned = int(mean) + (e.rng.random() < mean - int(mean))
         steps = 0
         while steps < planned:
             d = e.step_time(t) * (e.cal.step_scale(1) if e.oracle else 1.0)  # the oracle drafts a chain
@@ -285,8 +302,9 @@ class _Cloud:
         """Accept, run (or have run) the proactive branch, observe, and schedule the next round."""
         p = self.pending.pop(e.idx)
         depth, t_send = p["depth"], p["t_send"]
-        a = e.run_len(e.pos, depth) if depth > 0 else 0
-        hit = e.hit(e.pos + a, depth > 0 and a >= depth)
+        cap = e.sent_levels(depth)
+        a = e.run_len(e.pos, cap) if depth > 0 else 0
+        hit = e.hit(e.pos + a, depth > 0 and a >= cap)
         e.reused = 0
         kept, end = None, t_arr  # kept: whether a proactive branch ran and was kept
         pol = e.policy
@@ -318,6 +336,9 @@ def _branch(e, t_send: float, t_arr: float, a: int, depth: int, hit: bool) -> fl
         want = e.ctrl.next_depth_if(a, max(depth, 1), e.decision.b_hat, True).depth
     else:
         want = e.oracle_branch  # the planned branch length
+    if not pol.interruptible and pol.name in e.cal.branch_steps_by_policy and not e.oracle:
+        mean = e.cal.branch_steps_by_policy[pol.name]  # as traced: it runs them all, whatever the verdict
+        want = int(mean) + (e.rng.random() < mean - int(mean))
     t, steps, stopped = t_send, 0, None
     # a tree step feeds tokens_per_step tokens, a chain step one: time = tau · scale(tokens)
     per_step = 1 if pol.chain_branch or e.oracle else e.cal.step_tokens

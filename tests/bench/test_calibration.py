@@ -1,0 +1,86 @@
+"""The simulator's calibration from round traces (rapid.bench.calibration): what each traced shape
+makes the simulator do. Rows are built by hand so each check fails when its fit is wrong."""
+
+from dataclasses import replace
+
+import pytest
+
+from rapid.bench import calibration, sim
+from rapid.bench.calibration import calibrate, fit_acceptance
+from rapid.bench.contention import parse_schedule
+from rapid.bench.netem import get_profile
+from rapid.runtime import policies
+
+
+def _row(i, policy="fixed", depth=4, steps=4, tree_depth=4, accepted=0, run="0", **extra):
+    return {"policy": policy, "round": i, "depth": depth, "draft_steps": steps, "tree_depth": tree_depth,
+            "tree_nodes": 2 * tree_depth, "accepted": accepted, "reused_depth": 0, "draft_s": 0.1 * steps,
+            "verify_s": 0.05, "cloud_s": 0.08, "wait_s": 0.08, "profile": "wan", "schedule": "none", "set": "c4",
+            "prompt_id": run, "repeat": 0, "load": 0.0, "t_start": i, "t_end": i + 0.5, **extra}
+
+
+@pytest.fixture
+def cal(canned):
+    return calibrate(*calibration.load_traces([canned]))
+
+
+def _sim(policy, cal, tokens=64):
+    return sim.simulate(policies.POLICIES[policy], cal, parse_schedule("none"), get_profile("lan"),
+                        tokens=tokens, seed=0)["edges"][0]
+
+
+def test_a_cut_tree_accepted_whole_is_not_a_rejection(cal):
+    """Trees cut to 2 of 4 drafted levels and accepted whole: no zero in the replay (the third
+    level was never sent), and the simulator sends 2 levels for a drafted 4."""
+    rows = [_row(i, tree_depth=2, accepted=2) for i in range(30)]
+    fit = fit_acceptance(replace(cal), rows)
+    assert fit.p_accept == 1.0 and 0 not in fit.match_bits
+    assert fit.levels(4, "fixed") == 2 and fit.levels(3, "fixed") == 3  # untraced: as drafted
+    res = _sim("fixed", fit)
+    assert res.accepted == sum(min(d, 2) for d in res.depths)  # the last round is clamped to the tokens left
+
+
+def test_a_lookup_chain_reaches_past_the_drafted_depth(cal):
+    """Depth-1 rounds whose lookup chain sent 6 levels and had 5 accepted: the replay offers that
+    reach, so a simulated depth-1 round accepts more than one token; without it, at most one."""
+    rows = [_row(i, depth=1, steps=1, tree_depth=6, accepted=5) for i in range(30)]
+    fit = fit_acceptance(replace(cal), rows)
+    assert fit.lookup_reach[:7] == [6, 5, 4, 3, 2, 1, 6]  # counting down along the accepted run
+    no_lookup = fit_acceptance(replace(cal), [dict(r, tree_depth=1, accepted=1) for r in rows])
+    assert not any(no_lookup.lookup_reach)
+    fixed1 = replace(policies.POLICIES["fixed"])
+    conf = sim.CoordinatorConfig(depth=1)
+    s, p = parse_schedule("none"), get_profile("lan")
+    far = sim.simulate(fixed1, fit, s, p, tokens=64, seed=0, config=conf)["edges"][0]
+    near = sim.simulate(fixed1, no_lookup, s, p, tokens=64, seed=0, config=conf)["edges"][0]
+    assert far.accepted / far.rounds > 2.0 and near.accepted <= near.rounds
+
+
+def test_draft_steps_follow_the_traces(cal):
+    """Depth-4 rounds that ran 3 steps (level 1 free): the simulator drafts 3 a round, not 4."""
+    fit = fit_acceptance(replace(cal), [_row(i, steps=3, tree_depth=4, accepted=1) for i in range(30)])
+    assert fit.steps(4, "fixed") == 3.0 and fit.steps(2, "fixed") == 2.0  # untraced: as planned
+    res = _sim("fixed", fit)
+    assert res.draft_steps == sum(3 if d == 4 else d for d in res.depths)  # the last round: the tokens left
+
+
+def test_a_non_interruptible_chain_branch_is_calibrated_from_its_waits():
+    """EdgeLLM's chain branch ran 6 steps of 0.12 s (the tree steps 0.1 s) past a 0.2 s cloud."""
+    rows = [_row(i, policy="edgellm", steps=2, accepted=1, proactive_steps=6, wait_s=0.72, cloud_s=0.2)
+            for i in range(12)]
+    rows += [_row(i, policy="fixed", run="1", accepted=1) for i in range(12)]
+    cal = calibrate(rows, [], {})
+    assert cal.chain_step == pytest.approx(1.2)
+    assert cal.branch_steps_by_policy == {"edgellm": 6.0}
+    assert cal.step_scale(1) == pytest.approx(1.2) and cal.step_scale(2) == 1.0
+    res = _sim("edgellm", replace(cal, cut_continue=None), tokens=48)
+    assert res.draft_steps >= res.branches * 6  # every branch ran its traced six steps
+
+
+def test_one_loaded_schedule_is_its_own_reference():
+    """A trace with sustained load only (no uncontended round): its steps are the step samples
+    and the schedule's slowdown is 1, not the 0.05 s default scaled by a guess."""
+    rows = [_row(i, accepted=1, schedule="sustained", load=1.0, draft_s=1.2) for i in range(1, 20)]
+    meta = {"schedules": {"sustained": {"kind": "sustained", "intensity": 1.0}}}
+    cal = calibrate(rows, [], meta)
+    assert cal.step_s == [0.3] * 19 and cal.slowdown_by_schedule == {"sustained": 1.0}
