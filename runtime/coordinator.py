@@ -227,9 +227,9 @@ class Coordinator:
             rec = RoundRecord(round_id, self.policy.name, depth if self.policy.drafting else 0, 0,
                               t_start=self.clock())
             _fill_decision(rec, decision)
-            tokens, parents, scores = await self._draft_round(depth, rec)
+            tokens, parents, sent = await self._draft_round(depth, rec)
             verdict = await self._send_and_await(round_id, tokens, parents, depth, decision, rec)
-            emitted, decision = self._apply(verdict, depth, decision, rec, scores)
+            emitted, decision = self._apply(verdict, depth, decision, rec, sent)
             done = out.take(verdict, emitted, rec)
             rec.t_end = self.clock()
             out.records.append(rec)
@@ -237,20 +237,20 @@ class Coordinator:
                 return out.tokens, out.records, out.stopped, out.scores
             round_id += 1
 
-    async def _draft_round(self, depth: int, rec: RoundRecord) -> tuple[list[int], list[int], list[float]]:
+    async def _draft_round(self, depth: int, rec: RoundRecord) -> tuple[list[int], list[int], SentTree]:
         """Expand D_i to ``depth`` levels on a worker, cut it to the nodes that pay for their
-        verify time (``TreeParams.cost_cut``); the wire tree and its scores (empty for ``ar``)."""
+        verify time (``TreeParams.cost_cut``); the wire tree and what the cut learns from (empty for ``ar``)."""
         if not self.policy.drafting:
-            return [], [], []
+            return [], [], SentTree()
         t0 = self.clock()
         rec.draft_steps = await asyncio.shield(self._spawn(self._draft, depth))
         rec.draft_s = self.clock() - t0
         d = self.drafter
         if d.params.cost_cut:
-            d.cut(self.cut.nodes(d.tree.score, rec.draft_s))
+            d.cut(self.cut.nodes(d.tree.score, rec.draft_s, d.lookup_flags()))
         tokens, parents = d.wire_tree()
         rec.tree_nodes, rec.tree_depth = len(tokens), d.tree.max_depth
-        return tokens, parents, list(d.tree.score)
+        return tokens, parents, SentTree(list(d.tree.score), d.lookup_flags())
 
     async def _send_and_await(self, round_id: int, tokens: list[int], parents: list[int], depth: int,
                               decision: CAACDecision, rec: RoundRecord):
@@ -281,9 +281,9 @@ class Coordinator:
         return verdict
 
     def _apply(self, verdict, depth: int, decision: CAACDecision, rec: RoundRecord,
-               scores: list[float]) -> tuple[list[int], CAACDecision]:
+               sent: SentTree) -> tuple[list[int], CAACDecision]:
         """Commit path + bonus in the drafter, let the controller and the send cut observe round i
-        (``scores``: the sent tree's); (the emitted tokens, the decision for L_{i+1})."""
+        (``sent``: the sent tree's scores and lookup flags); (the emitted tokens, the decision for L_{i+1})."""
         d = self.drafter
         plan = d.apply_verdict(list(verdict.path), verdict.bonus)
         if plan.hit:
@@ -293,10 +293,17 @@ class Coordinator:
             rtt = rec.cloud_s - verdict.verify_s  # the link's share of the wait: arrival - send - verify
             self.controller.observe_verdict(depth, rec.tree_nodes, verdict.verify_s, rtt, rec.accepted,
                                             rec.proactive_hit)
-            self.cut.observe_verdict(scores, verdict.verify_s, rtt, rec.accepted)
+            self.cut.observe_verdict(sent.scores, sent.lookup, verdict.verify_s, rtt, list(verdict.path))
         self.controller.observe_round(len(verdict.path), max(depth, 1), rec.cloud_s, decision.b_hat)
         # settled on the freshest acceptance, knowing the levels the kept branch supplies
         return plan.emitted, self.controller.next_depth(self.policy.proactive, d.levels)
+
+
+@dataclass(slots=True, frozen=True)
+class SentTree:
+    """What the send cut learns from a sent tree: per node (index on the wire)."""
+    scores: list[float] = field(default_factory=list)  # [nodes] cumulative draft log-probability
+    lookup: list[bool] = field(default_factory=list)  # [nodes] on a prompt-lookup chain
 
 
 @dataclass(slots=True)

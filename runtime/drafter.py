@@ -262,6 +262,19 @@ class Drafter:
         if nodes < len(self.tree):
             self.tree.prune(max(1, nodes))
 
+    def lookup_flags(self) -> list[bool]:
+        """Per node of the active tree: on a prompt-lookup continuation proposed this round."""
+        child = {(p, t): i for i, (p, t) in enumerate(zip(self.tree.parents, self.tree.tokens, strict=True))}
+        flags = [False] * len(self.tree)
+        for cont in self._proposed:
+            node: int | None = ROOT
+            for tok in cont:
+                node = child.get((node, tok))
+                if node is None:
+                    break
+                flags[node] = True
+        return flags
+
     def wire_tree(self) -> tuple[list[int], list[int]]:
         return list(self.tree.tokens), list(self.tree.parents)
 

@@ -14,10 +14,17 @@ verdicts. Sending the ``n`` best nodes makes a round of::
 shape at the verdicts' level), ``RTT`` the link's share of a wait (``LinkCost``). Where the
 curve is flat a node costs nothing and every node is sent; where rows are compute-bound (an fp32
 target on a CPU: past ~6-8 rows each row costs ~5-10 % of a step) a node is sent only while
-its expected tokens pay for its verify time. The calibration, from each verdict::
+its expected tokens pay for its verify time. The calibration, from each verdict, kept apart
+for the draft's nodes and for the prompt-lookup chains' (``c`` = draft | lookup: a lookup token
+scores log of its request's learnt hit rate, already calibrated, so the over-confident draft's
+correction must not discount it), each class updated only by verdicts that sent some of it::
 
-    P <- P + alpha · (Σ_{sent} exp(s_i) - P),   A <- A + alpha · (accepted - A)
-    g  = clamp(A / P, G_MIN, G_MAX)             (1 before any verdict)
+    P_c <- P_c + alpha · (Σ_{sent, class c} exp(s_i) - P_c)
+    A_c <- A_c + alpha · (accepted nodes of class c - A_c)
+    g_c  = clamp(A_c / P_c, G_MIN, G_MAX)       (1 before any verdict)
+
+and node i counts ``g_{c(i)} · exp(s_i)`` expected tokens (a node on a lookup chain is of class
+lookup, whether or not the draft proposed it too).
 
 Pure numbers in and out: the coordinator measures and passes them. Which node the target
 accepts never depends on the cut (the cloud verifies whatever it is sent), so the cut moves
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from rapid.runtime.cost_model import LinkCost, VerifyCurve
 
@@ -37,56 +45,81 @@ G_MIN, G_MAX = 0.2, 5.0  # the calibration's clamp: a draft is not off by more t
 ALPHA = 0.2  # EMA rate of the calibration and of the curve's measured points (~5 verdicts)
 
 
-def best_cut(scores: Sequence[float], verify_s: Callable[[int], float], fixed_s: float, gain: float = 1.0) -> int:
-    """``n*`` of the module docstring for ``scores`` sorted descending (``len(scores)`` >= 1)."""
+def best_cut(scores: Sequence[float], verify_s: Callable[[int], float], fixed_s: float,
+             gain: float | Sequence[float] = 1.0) -> int:
+    """``n*`` of the module docstring for ``scores`` sorted descending (``len(scores)`` >= 1);
+    ``gain``: one calibration for every node, or one per node (aligned with ``scores``)."""
+    gains = [gain] * len(scores) if isinstance(gain, int | float) else gain
     best_n, best_rate, tokens = 1, -math.inf, 1.0
-    for n, s in enumerate(scores, start=1):
-        tokens += gain * math.exp(s)
+    for n, (s, g) in enumerate(zip(scores, gains, strict=True), start=1):
+        tokens += g * math.exp(s)
         rate = tokens / max(fixed_s + verify_s(n), 1e-9)
         if rate > best_rate:
             best_n, best_rate = n, rate
     return best_n
 
 
-class TreeCut:
-    """The cut's estimates (verify curve, RTT, calibration) and its decision."""
+@dataclass(slots=True)
+class Calibration:
+    """``g`` of one class of nodes: accepted nodes per unit of predicted probability (EMAs)."""
+    predicted: float | None = None
+    accepted: float | None = None
 
-    __slots__ = ("_verify", "_link", "_predicted", "_accepted")
+    def observe(self, predicted: float, accepted: int) -> None:
+        if self.predicted is None or self.accepted is None:
+            self.predicted, self.accepted = predicted, float(accepted)
+        else:
+            self.predicted += ALPHA * (predicted - self.predicted)
+            self.accepted += ALPHA * (accepted - self.accepted)
+
+    @property
+    def gain(self) -> float:
+        if not self.predicted or self.accepted is None:
+            return 1.0
+        return min(G_MAX, max(G_MIN, self.accepted / self.predicted))
+
+
+class TreeCut:
+    """The cut's estimates (verify curve, RTT, the draft's and the lookup's calibration) and its decision."""
+
+    __slots__ = ("_verify", "_link", "draft", "lookup")
 
     def __init__(self) -> None:
         self._verify = VerifyCurve(ALPHA)
         self._link = LinkCost(ALPHA)
-        self._predicted: float | None = None
-        self._accepted: float | None = None
+        self.draft = Calibration()
+        self.lookup = Calibration()
 
     def observe_cloud(self, curve_nodes: Sequence[int], curve_s: Sequence[float]) -> None:
         """A session opened: the cloud's start-up verify curve."""
         self._verify.start(list(curve_nodes), list(curve_s))
 
-    def observe_verdict(self, scores: Sequence[float], verify_s: float, rtt_s: float | None, accepted: int) -> None:
-        """A verdict for the tree of ``scores``: its verify time, the link's share, its accepted length."""
+    def observe_verdict(self, scores: Sequence[float], lookup: Sequence[bool], verify_s: float,
+                        rtt_s: float | None, path: Sequence[int]) -> None:
+        """A verdict for the sent tree (its nodes' ``scores`` and ``lookup`` flags): its verify
+        time, the link's share, the accepted ``path`` (node indices)."""
         if not scores:
             return
         self._verify.observe(len(scores), verify_s)
         self._link.observe(0, 0, rtt_s)
-        predicted = sum(math.exp(s) for s in scores)
-        if self._predicted is None or self._accepted is None:
-            self._predicted, self._accepted = predicted, float(accepted)
-        else:
-            self._predicted += ALPHA * (predicted - self._predicted)
-            self._accepted += ALPHA * (accepted - self._accepted)
+        on_lookup = sum(1 for i in path if lookup[i])
+        for cal, mine, accepted in ((self.draft, False, len(path) - on_lookup), (self.lookup, True, on_lookup)):
+            predicted = [math.exp(s) for s, f in zip(scores, lookup, strict=True) if f == mine]
+            if predicted:
+                cal.observe(sum(predicted), accepted)
 
     @property
     def gain(self) -> float:
-        """``g``: how many accepted tokens a unit of predicted probability has been worth."""
-        if not self._predicted or self._accepted is None:
-            return 1.0
-        return min(G_MAX, max(G_MIN, self._accepted / self._predicted))
+        """The draft nodes' ``g``: how many accepted tokens a unit of predicted probability has been worth."""
+        return self.draft.gain
 
-    def nodes(self, scores: Sequence[float], draft_s: float) -> int:
-        """How many of the nodes (``scores`` in any order) to send: all while no curve is known."""
+    def nodes(self, scores: Sequence[float], draft_s: float, lookup: Sequence[bool] | None = None) -> int:
+        """How many of the nodes (``scores`` in any order, ``lookup`` flags aligned: none by
+        default) to send: all while no curve is known."""
         if len(scores) <= 1 or self._verify.predict(1) is None:
             return len(scores)
-        order = sorted(scores, reverse=True)
+        flags = lookup if lookup is not None else [False] * len(scores)
+        order = sorted(zip(scores, flags, strict=True), key=lambda x: -x[0])
+        gains = [self.lookup.gain if f else self.draft.gain for _, f in order]
         fixed = max(0.0, draft_s) + (self._link.rtt or 0.0)
-        return best_cut(order, lambda n: self._verify.predict(n) or 0.0, fixed, self.gain)
+        return best_cut([s for s, _ in order], lambda n: self._verify.predict(n) or 0.0, fixed, gains)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -14,7 +15,8 @@ from rapid.runtime.tree_cut import G_MAX, G_MIN, TreeCut, best_cut
 
 
 def _rate(scores, n, verify, fixed, gain=1.0):
-    return (1 + gain * sum(math.exp(s) for s in scores[:n])) / (fixed + verify(n))
+    gains = [gain] * len(scores) if isinstance(gain, float) else gain
+    return (1 + sum(g * math.exp(s) for s, g in zip(scores[:n], gains))) / (fixed + verify(n))
 
 
 def test_a_flat_curve_sends_every_node_and_a_steep_one_the_best():
@@ -34,10 +36,13 @@ def test_a_node_is_sent_while_its_tokens_pay_for_its_rows():
     assert all(_rate(scores, n, verify, 0.1) >= _rate(scores, m, verify, 0.1) for m in range(1, 7))
 
 
-@given(st.lists(st.floats(-8, 0), min_size=1, max_size=40), st.floats(0, 2), st.floats(0.001, 0.2),
-       st.floats(0, 0.1), st.floats(G_MIN, G_MAX))
-def test_the_cut_maximises_the_rate(raw, fixed, v1, slope, gain):
-    scores = sorted(raw, reverse=True)
+@given(st.lists(st.tuples(st.floats(-8, 0), st.floats(G_MIN, G_MAX)), min_size=1, max_size=40), st.floats(0, 2),
+       st.floats(0.001, 0.2), st.floats(0, 0.1), st.floats(G_MIN, G_MAX), st.booleans())
+def test_the_cut_maximises_the_rate(raw, fixed, v1, slope, one_gain, per_node):
+    """One calibration for every node, or one per node (draft and lookup nodes apart)."""
+    raw.sort(key=lambda x: -x[0])
+    scores = [s for s, _ in raw]
+    gain = [g for _, g in raw] if per_node else one_gain
     verify = lambda n: v1 + slope * n * n  # noqa: E731
     n = best_cut(scores, verify, fixed, gain)
     best = max(_rate(scores, m, verify, fixed, gain) for m in range(1, len(scores) + 1))
@@ -53,10 +58,10 @@ def test_no_curve_sends_everything_and_the_calibration_follows_the_verdicts():
     assert cut.nodes(scores, 0.0) == 1
     assert cut.gain == 1.0
     for _ in range(30):  # the draft promised 2.1 tokens, the target took none
-        cut.observe_verdict(scores, 0.4, 0.01, 0)
+        cut.observe_verdict(scores, [False] * 4, 0.4, 0.01, [])
     assert cut.gain == G_MIN
     for _ in range(60):
-        cut.observe_verdict(scores[:1], 0.1, 0.01, 1)  # promised 0.9, took 1
+        cut.observe_verdict(scores[:1], [False], 0.1, 0.01, [0])  # promised 0.9, took 1
     assert 1.0 < cut.gain < 1.2
 
 
@@ -72,3 +77,43 @@ def test_the_drafters_cut_keeps_the_best_nodes_closed_under_ancestors(tiny_pair)
     tokens, parents = d.wire_tree()
     assert len(tokens) == 5 and all(p < i for i, p in enumerate(parents))
     assert sorted(d.tree.score, reverse=True) == sorted(before.score, reverse=True)[:5]
+
+
+def test_lookup_nodes_keep_their_own_calibration():
+    """The draft over-promises (g -> G_MIN) while the lookup chains under-promise: each class
+    keeps its own g, so the lookup's nodes are not discounted by the draft's correction."""
+    cut = TreeCut()
+    cut.observe_cloud([1, 2, 4, 8], [0.1, 0.13, 0.19, 0.31])  # each row ~0.03 s
+    scores = [math.log(p) for p in (0.9, 0.5, 0.5, 0.25)]
+    lookup = [False, True, False, True]
+    for _ in range(60):  # the draft promised 1.4 tokens and got none; the lookup 0.75 and got 2
+        cut.observe_verdict(scores, lookup, 0.19, 0.01, [1, 3])
+    assert cut.draft.gain == G_MIN and cut.gain == G_MIN
+    assert cut.lookup.gain == pytest.approx(2 / 0.75, rel=1e-6)
+    with_flags, without = cut.nodes(scores, 0.05, lookup), cut.nodes(scores, 0.05)
+    assert with_flags > without  # the lookup nodes pay for their rows, discounted they would not
+    gains = [G_MIN, cut.lookup.gain, G_MIN, cut.lookup.gain]  # in score order (stable on the tie)
+    assert with_flags == best_cut(scores, lambda n: cut._verify.predict(n), 0.05 + cut._link.rtt, gains)
+
+
+def test_a_verdict_without_lookup_nodes_leaves_the_lookup_calibration():
+    cut = TreeCut()
+    cut.observe_verdict([math.log(0.5)], [True], 0.1, 0.01, [0])  # lookup: promised 0.5, took 1
+    for _ in range(20):
+        cut.observe_verdict([math.log(0.9)], [False], 0.1, 0.01, [])  # draft only, rejected
+    assert cut.lookup.gain == pytest.approx(2.0) and cut.draft.gain == G_MIN
+
+
+def test_the_drafters_lookup_flags_mark_the_proposed_chains(tiny_pair):
+    _, drafts = tiny_pair
+    d = Drafter(TorchEngine(drafts["partial"], capacity=256), TreeParams(4, 32, 2, 2, lookup=4), ())
+    d.start(list(b"one two one two one two one tw"))
+    d.prefill()
+    d.draft(2)
+    flags = d.lookup_flags()
+    assert any(flags) and not all(flags) and d._proposed
+    t = d.tree
+    for i, f in enumerate(flags):
+        path = [t.tokens[j] for j in t.path(i)]
+        on_chain = any(cont[:len(path)] == path for cont in d._proposed)
+        assert f == on_chain, (i, path, d._proposed)
