@@ -92,7 +92,9 @@ class Coordinator:
         # a caller-owned controller (see controller_for) carries the device's latency baseline
         # across generations; generate() resets only its logical path
         self.controller = controller if controller is not None else controller_for(policy, self.cfg)
-        self.cut = TreeCut()  # how many of a drafted tree's nodes to send (rapid.runtime.tree_cut)
+        # how many of a drafted tree's nodes to send (rapid.runtime.tree_cut), over the cloud costs
+        # the cost-aware controller keeps (one set of estimates per session), else its own
+        self.cut = TreeCut(self.controller.costs if isinstance(self.controller, CostAwareCAAC) else None)
         self.executor = executor  # the worker threads (None: the loop's default pool, shared by everyone)
         self.gate = BranchGate()  # when an interruptible branch starts a step (runtime.branch_gate)
         self._halt = threading.Event()  # set when a generation ends: workers stop at the next step

@@ -48,10 +48,9 @@ from collections.abc import Sequence
 from rapid.runtime.caac import CAAC, CAACConfig
 from rapid.runtime.cost_model import (
     BranchYield,
+    CloudCosts,
     CostConfig,
-    LinkCost,
     ReachEstimate,
-    VerifyCurve,
     interpolate,
 )
 from rapid.runtime.depth_control import CAACDecision
@@ -102,24 +101,23 @@ class CostAwareCAAC(CAAC):
         super().__init__(config, initial_depth)
         self.cost = cost or CostConfig()
         self._reach = ReachEstimate(self.config.max_depth, self.cost)
-        self._verify = VerifyCurve(self.cost.alpha_verify)
-        self._link = LinkCost(self.cost.alpha_rtt)
+        self.costs = CloudCosts.fresh(self.cost.alpha_verify, self.cost.alpha_rtt)  # the send cut reads them too
         self._branch = BranchYield(self.cost.alpha_reach)
 
     # ---- what the cloud and the link report -----------------------------------------------
     def observe_cloud(self, curve_nodes: Sequence[int], curve_s: Sequence[float], budget: int,
                       width: int) -> None:
         """A session opened: the cloud's start-up verify curve and this session's tree shape."""
-        self._verify.start(list(curve_nodes), list(curve_s))
-        self._link.budget, self._link.width = max(0, int(budget)), max(1, int(width))
+        self.costs.verify.start(list(curve_nodes), list(curve_s))
+        self.costs.link.budget, self.costs.link.width = max(0, int(budget)), max(1, int(width))
 
     def observe_verdict(self, depth: int, nodes: int, verify_s: float, rtt_s: float | None,
                         accepted: int | None = None, hit: bool | None = None) -> None:
         """A verdict for a tree of ``depth`` levels and ``nodes`` nodes: its ``verify_s``, the
         link's share of the wait (arrival - send - verify_s) and, when a proactive branch ran,
         whether it was kept (``hit``) after ``accepted`` of ``depth`` levels."""
-        self._verify.observe(int(nodes), float(verify_s))
-        self._link.observe(int(depth), int(nodes), rtt_s)
+        self.costs.verify.observe(int(nodes), float(verify_s))
+        self.costs.link.observe(int(depth), int(nodes), rtt_s)
         if hit is not None and accepted is not None:
             self._branch.observe(accepted >= depth, bool(hit))
 
@@ -135,12 +133,12 @@ class CostAwareCAAC(CAAC):
                    sigma: float = 1.0) -> tuple[int, list[float]] | None:
         """(depth*, rate by depth) from the current estimates, a draft step priced at ``sigma``
         times its baseline; None while a cost is unknown."""
-        c, link = self.config, self._link
+        c, link = self.config, self.costs.link
         table = {t: sigma * s for t, s in self._phys.baseline.classes().items()}
         steps = draft_seconds(table, link.width, c.max_depth, max(0, reused))
-        if steps is None or link.rtt is None or self._verify.predict(1) is None:
+        if steps is None or link.rtt is None or self.costs.verify.predict(1) is None:
             return None
-        verify = [0.0] + [self._verify.predict(link.tree_nodes(d)) or 0.0 for d in range(1, c.max_depth + 1)]
+        verify = [0.0] + [self.costs.verify.predict(link.tree_nodes(d)) or 0.0 for d in range(1, c.max_depth + 1)]
         reach = self._reach.reach()
         if proactive:  # the critical path less the expected saving of a kept branch (docstring)
             whole = draft_seconds(table, link.width, c.max_depth, 0) or steps
@@ -172,7 +170,7 @@ class CostAwareCAAC(CAAC):
         snap = super().snapshot()
         best = self.cost_depth(0, True)
         snap.update({"policy": type(self).__name__, "cost_depth": 0 if best is None else best[0],
-                     "rtt_s": self._link.rtt or 0.0, "pooled_acceptance": self._reach.pooled(),
-                     "verify_points": len(self._verify.measured),
+                     "rtt_s": self.costs.link.rtt or 0.0, "pooled_acceptance": self._reach.pooled(),
+                     "verify_points": len(self.costs.verify.measured),
                      "kept_after_full": self._branch.rate(True), "kept_after_partial": self._branch.rate(False)})
         return snap

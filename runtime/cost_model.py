@@ -63,7 +63,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-__all__ = ["BranchYield", "CostConfig", "LinkCost", "ReachEstimate", "VerifyCurve", "interpolate", "interpolate_sorted"]
+__all__ = ["BranchYield", "CloudCosts", "CostConfig", "LinkCost", "ReachEstimate", "VerifyCurve", "interpolate", "interpolate_sorted"]
 
 MAX_POINTS = 128  # node counts kept by the verify curve (trees have at most 64 nodes)
 
@@ -233,6 +233,19 @@ class LinkCost:
             near = min(self.nodes, key=lambda d: (abs(d - depth), d))
             return min(cap, self.nodes[near] * depth / near)
         return min(cap, float(self.width * depth))
+
+
+@dataclass(slots=True)
+class CloudCosts:
+    """The cloud's share of a round as one session measures it: the verify curve and the link.
+    One set per session, observed by its owner (``CostAwareCAAC`` where the policy prices depth,
+    else the send cut) and read by both, so the two never hold diverging estimates."""
+    verify: VerifyCurve
+    link: LinkCost
+
+    @classmethod
+    def fresh(cls, alpha_verify: float, alpha_rtt: float) -> CloudCosts:
+        return cls(VerifyCurve(alpha_verify), LinkCost(alpha_rtt))
 
 
 class BranchYield:

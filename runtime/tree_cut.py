@@ -37,7 +37,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from rapid.runtime.cost_model import LinkCost, VerifyCurve
+from rapid.runtime.cost_model import CloudCosts
 
 __all__ = ["TreeCut", "best_cut"]
 
@@ -80,28 +80,34 @@ class Calibration:
 
 
 class TreeCut:
-    """The cut's estimates (verify curve, RTT, the draft's and the lookup's calibration) and its decision."""
+    """The cut's calibrations (draft, lookup) and its decision, over the session's cloud costs.
 
-    __slots__ = ("_verify", "_link", "draft", "lookup")
+    ``costs``: the verify curve and RTT another observer keeps (``CostAwareCAAC.costs``); the cut
+    then only reads them. Without, the cut keeps and observes its own."""
 
-    def __init__(self) -> None:
-        self._verify = VerifyCurve(ALPHA)
-        self._link = LinkCost(ALPHA)
+    __slots__ = ("costs", "_owns_costs", "draft", "lookup")
+
+    def __init__(self, costs: CloudCosts | None = None) -> None:
+        self._owns_costs = costs is None
+        self.costs = costs if costs is not None else CloudCosts.fresh(ALPHA, ALPHA)
         self.draft = Calibration()
         self.lookup = Calibration()
 
     def observe_cloud(self, curve_nodes: Sequence[int], curve_s: Sequence[float]) -> None:
-        """A session opened: the cloud's start-up verify curve."""
-        self._verify.start(list(curve_nodes), list(curve_s))
+        """A session opened: the cloud's start-up verify curve (its owner records it)."""
+        if self._owns_costs:
+            self.costs.verify.start(list(curve_nodes), list(curve_s))
 
     def observe_verdict(self, scores: Sequence[float], lookup: Sequence[bool], verify_s: float,
                         rtt_s: float | None, path: Sequence[int]) -> None:
         """A verdict for the sent tree (its nodes' ``scores`` and ``lookup`` flags): its verify
-        time, the link's share, the accepted ``path`` (node indices)."""
+        time and the link's share (recorded where the cut owns the costs), the accepted ``path``
+        (node indices)."""
         if not scores:
             return
-        self._verify.observe(len(scores), verify_s)
-        self._link.observe(0, 0, rtt_s)
+        if self._owns_costs:
+            self.costs.verify.observe(len(scores), verify_s)
+            self.costs.link.observe(0, 0, rtt_s)
         on_lookup = sum(1 for i in path if lookup[i])
         for cal, mine, accepted in ((self.draft, False, len(path) - on_lookup), (self.lookup, True, on_lookup)):
             predicted = [math.exp(s) for s, f in zip(scores, lookup, strict=True) if f == mine]
@@ -116,10 +122,11 @@ class TreeCut:
     def nodes(self, scores: Sequence[float], draft_s: float, lookup: Sequence[bool] | None = None) -> int:
         """How many of the nodes (``scores`` in any order, ``lookup`` flags aligned: none by
         default) to send: all while no curve is known."""
-        if len(scores) <= 1 or self._verify.predict(1) is None:
+        verify = self.costs.verify
+        if len(scores) <= 1 or verify.predict(1) is None:
             return len(scores)
         flags = lookup if lookup is not None else [False] * len(scores)
         order = sorted(zip(scores, flags, strict=True), key=lambda x: -x[0])
         gains = [self.lookup.gain if f else self.draft.gain for _, f in order]
-        fixed = max(0.0, draft_s) + (self._link.rtt or 0.0)
-        return best_cut([s for s, _ in order], lambda n: self._verify.predict(n) or 0.0, fixed, gains)
+        fixed = max(0.0, draft_s) + (self.costs.link.rtt or 0.0)
+        return best_cut([s for s, _ in order], lambda n: verify.predict(n) or 0.0, fixed, gains)

@@ -129,9 +129,10 @@ def test_cost_aware_policy_uses_the_cloud_curve_and_the_round_trip(curve_clouds,
     gen = asyncio.run(coord.generate(prompt, 60, SamplingParams()))
     assert gen.tokens == reference_decode(target, prompt, 60, SamplingParams(), (EOS_ID,))
     ctrl = coord.controller
-    assert ctrl._verify.startup == {0: 0.02, 3: 0.0201, 7: 0.0203, 15: 0.0207, 31: 0.0215}
-    assert set(ctrl._verify.measured) == {r.tree_nodes for r in gen.records}
-    assert 0 < ctrl._link.rtt < 1.0
+    assert ctrl.costs.verify.startup == {0: 0.02, 3: 0.0201, 7: 0.0203, 15: 0.0207, 31: 0.0215}
+    assert set(ctrl.costs.verify.measured) == {r.tree_nodes for r in gen.records}
+    assert 0 < ctrl.costs.link.rtt < 1.0
+    assert coord.cut.costs is ctrl.costs  # the send cut reads the same estimates, one set per session
     assert max(r.depth for r in gen.records) >= 6, [r.depth for r in gen.records]
 
 

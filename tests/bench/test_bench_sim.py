@@ -56,7 +56,7 @@ def test_cost_aware_policy_gets_the_sims_verify_model_and_rtt(cal):
     pol = policies.POLICIES["rapid-cost"]
     e = sim._Edge(0, pol, cal, parse_schedule("none"), get_profile("lan"), 16, 0, 0.0, False,
                   sim.CoordinatorConfig(depth=4))
-    assert e.ctrl._verify.startup == {n: pytest.approx(cal.verify(n)) for n in sim.STARTUP_CURVE_NODES}
+    assert e.ctrl.costs.verify.startup == {n: pytest.approx(cal.verify(n)) for n in sim.STARTUP_CURVE_NODES}
     from dataclasses import replace
 
     # a GPU cloud (flat verify) and a 5x faster edge (10 ms steps): the RTT decides

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rapid.engines.torch_engine import TorchEngine
+from rapid.runtime.cost_caac import CostAwareCAAC
 from rapid.runtime.drafter import Drafter
 from rapid.runtime.tree import TokenTree, TreeParams
 from rapid.runtime.tree_cut import G_MAX, G_MIN, TreeCut, best_cut
@@ -16,7 +17,7 @@ from rapid.runtime.tree_cut import G_MAX, G_MIN, TreeCut, best_cut
 
 def _rate(scores, n, verify, fixed, gain=1.0):
     gains = [gain] * len(scores) if isinstance(gain, float) else gain
-    return (1 + sum(g * math.exp(s) for s, g in zip(scores[:n], gains))) / (fixed + verify(n))
+    return (1 + sum(g * math.exp(s) for s, g in zip(scores[:n], gains[:n], strict=True))) / (fixed + verify(n))
 
 
 def test_a_flat_curve_sends_every_node_and_a_steep_one_the_best():
@@ -93,7 +94,7 @@ def test_lookup_nodes_keep_their_own_calibration():
     with_flags, without = cut.nodes(scores, 0.05, lookup), cut.nodes(scores, 0.05)
     assert with_flags > without  # the lookup nodes pay for their rows, discounted they would not
     gains = [G_MIN, cut.lookup.gain, G_MIN, cut.lookup.gain]  # in score order (stable on the tie)
-    assert with_flags == best_cut(scores, lambda n: cut._verify.predict(n), 0.05 + cut._link.rtt, gains)
+    assert with_flags == best_cut(scores, lambda n: cut.costs.verify.predict(n), 0.05 + cut.costs.link.rtt, gains)
 
 
 def test_a_verdict_without_lookup_nodes_leaves_the_lookup_calibration():
@@ -117,3 +118,21 @@ def test_the_drafters_lookup_flags_mark_the_proposed_chains(tiny_pair):
         path = [t.tokens[j] for j in t.path(i)]
         on_chain = any(cont[:len(path)] == path for cont in d._proposed)
         assert f == on_chain, (i, path, d._proposed)
+
+
+def test_the_cut_reads_the_cost_aware_controllers_estimates_without_observing_them():
+    """rapid-cost: one verify curve and one RTT per session, kept by the controller; the cut only
+    reads them (observing them too would count every verdict twice)."""
+    ctrl = CostAwareCAAC()
+    cut = TreeCut(ctrl.costs)
+    ctrl.observe_cloud([1, 2, 4], [0.1, 0.2, 0.4], 8, 2)
+    cut.observe_cloud([1, 2, 4], [0.5, 0.6, 0.7])  # ignored: the owner recorded the curve
+    ctrl.observe_verdict(2, 4, 0.4, 0.05)
+    cut.observe_verdict([0.0] * 4, [False] * 4, 9.0, 3.0, [0])  # its verify/RTT ignored, its g learnt
+    assert cut.costs is ctrl.costs and ctrl.costs.link.rtt == pytest.approx(0.05)
+    assert ctrl.costs.verify.measured == {4: pytest.approx(0.4)}
+    assert cut.draft.gain == 0.25
+    own = TreeCut()
+    own.observe_cloud([1, 2, 4], [0.1, 0.2, 0.4])
+    own.observe_verdict([0.0] * 4, [False] * 4, 0.4, 0.05, [0])
+    assert own.costs.link.rtt == pytest.approx(0.05) and 4 in own.costs.verify.measured
