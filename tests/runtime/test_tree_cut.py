@@ -20,6 +20,15 @@ def _rate(scores, n, verify, fixed, gain=1.0):
     return (1 + sum(g * math.exp(s) for s, g in zip(scores[:n], gains[:n], strict=True))) / (fixed + verify(n))
 
 
+def _drafted(tiny_pair, params, prompt, levels):
+    """A drafter of the partial tiny draft, prefilled on ``prompt``, with ``levels`` drafted."""
+    d = Drafter(TorchEngine(tiny_pair[1]["partial"], capacity=256), params, ())
+    d.start(list(prompt))
+    d.prefill()
+    d.draft(levels)
+    return d
+
+
 def test_a_flat_curve_sends_every_node_and_a_steep_one_the_best():
     scores = [math.log(p) for p in (0.9, 0.6, 0.3, 0.1, 0.05)]
     assert best_cut(scores, lambda n: 0.3, 0.1) == 5
@@ -67,11 +76,7 @@ def test_no_curve_sends_everything_and_the_calibration_follows_the_verdicts():
 
 
 def test_the_drafters_cut_keeps_the_best_nodes_closed_under_ancestors(tiny_pair):
-    _, drafts = tiny_pair
-    d = Drafter(TorchEngine(drafts["partial"], capacity=256), TreeParams(4, 16, 3, 3, lookup=0), ())
-    d.start(list(b"a cut tree"))
-    d.prefill()
-    d.draft(3)
+    d = _drafted(tiny_pair, TreeParams(4, 16, 3, 3, lookup=0), b"a cut tree", 3)
     before = TokenTree(list(d.tree.tokens), list(d.tree.parents), list(d.tree.depth), list(d.tree.score))
     assert len(before) > 5
     d.cut(5)
@@ -106,11 +111,7 @@ def test_a_verdict_without_lookup_nodes_leaves_the_lookup_calibration():
 
 
 def test_the_drafters_lookup_flags_mark_the_proposed_chains(tiny_pair):
-    _, drafts = tiny_pair
-    d = Drafter(TorchEngine(drafts["partial"], capacity=256), TreeParams(4, 32, 2, 2, lookup=4), ())
-    d.start(list(b"one two one two one two one tw"))
-    d.prefill()
-    d.draft(2)
+    d = _drafted(tiny_pair, TreeParams(4, 32, 2, 2, lookup=4), b"one two one two one two one tw", 2)
     flags = d.lookup_flags()
     assert any(flags) and not all(flags) and d._proposed
     t = d.tree
