@@ -233,15 +233,26 @@ def fit_prompt_set(cal: Calibration, rounds: list[dict], runs: list[dict], seed:
 
 def _nodes_by_policy(by_run: dict[tuple, list[dict]]) -> dict[str, dict[int, float]]:
     """Median tree nodes by levels in the tree (drafted steps + levels kept from the branch)."""
-    acc: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    return _per_policy(((r, r.get("draft_steps", 0) + kept, r["tree_nodes"]) for r, kept in _in_order(by_run)
+                        if r.get("draft_steps", 0) + kept > 0 and r.get("tree_nodes", 0) > 0), statistics.median)
+
+
+def _in_order(by_run: dict[tuple, list[dict]]):
+    """Every run's rounds in order, each with the levels the previous round's kept branch supplied."""
     for rs in by_run.values():
-        prev_reused = 0
+        kept = 0
         for r in sorted(rs, key=lambda x: x["round"]):
-            levels = r.get("draft_steps", 0) + prev_reused
-            if levels > 0 and r.get("tree_nodes", 0) > 0:
-                acc[str(r.get("policy"))][levels].append(r["tree_nodes"])
-            prev_reused = r.get("reused_depth", 0)
-    return {p: {lv: statistics.median(v) for lv, v in t.items() if len(v) >= 3} for p, t in acc.items()}
+            yield r, kept
+            kept = r.get("reused_depth", 0)
+
+
+def _per_policy(samples, agg) -> dict[str, dict[int, float]]:
+    """``agg`` of the values per policy and key, from (round, key, value) samples; keys with at
+    least 3 samples."""
+    acc: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r, key, value in samples:
+        acc[str(r.get("policy"))][key].append(value)
+    return {p: {k: agg(v) for k, v in t.items() if len(v) >= 3} for p, t in acc.items()}
 
 
 def _startup(runs: list[dict], by_run: dict[tuple, list[dict]]) -> float:
@@ -267,20 +278,18 @@ def fit_acceptance(cal: Calibration, rounds: list[dict], seed: int = 0) -> Calib
     rng = random.Random(seed)
     bits: list[int] = []
     reach: list[int] = []
-    for rs in _group_runs(rounds).values():
-        prev_reused = 0
-        for r in sorted(rs, key=lambda x: x["round"]):
-            drafted, prev_reused = r.get("draft_steps", 0) + prev_reused, r.get("reused_depth", 0)
-            if r.get("depth", 0) <= 0:
-                continue
-            n = _sent_levels(r)
-            a = min(r["accepted"], n)
-            lookup = n if n > drafted else 0
-            bits += [1] * a + [0 if a < n else int(rng.random() < cal.p_accept)]
-            reach += [max(0, lookup - j) for j in range(a + 1)]
+    by_run = _group_runs(rounds)
+    for r, kept in _in_order(by_run):
+        if r.get("depth", 0) <= 0:
+            continue
+        n = _sent_levels(r)
+        a = min(r["accepted"], n)
+        lookup = n if n > r.get("draft_steps", 0) + kept else 0
+        bits += [1] * a + [0 if a < n else int(rng.random() < cal.p_accept)]
+        reach += [max(0, lookup - j) for j in range(a + 1)]
     cal.match_bits, cal.lookup_reach = (bits, reach) if bits else ([1, 1, 0], [])
-    cal.levels_by_policy = _levels_by_policy(rounds)
-    cal.steps_by_policy = _steps_by_policy(rounds)
+    cal.levels_by_policy = _levels_by_policy(by_run)
+    cal.steps_by_policy = _steps_by_policy(by_run)
     branched = [r for r in rounds if r.get("proactive_hit") is not None]
     cal.p_hit_full, cal.p_hit_part = _hit_rates(branched, 0.3)
     cal.hits_by_policy = {}
@@ -296,29 +305,18 @@ def _sent_levels(r: dict) -> int:
     return max(int(r.get("tree_depth") or r["depth"]), r["accepted"], 1)
 
 
-def _steps_by_policy(rounds: list[dict]) -> dict[str, dict[int, float]]:
+def _steps_by_policy(by_run: dict[tuple, list[dict]]) -> dict[str, dict[int, float]]:
     """Mean draft steps by planned levels (depth - levels kept from the branch), per policy."""
-    acc: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for rs in _group_runs(rounds).values():
-        prev_reused = 0
-        for r in sorted(rs, key=lambda x: x["round"]):
-            planned, prev_reused = r.get("depth", 0) - prev_reused, r.get("reused_depth", 0)
-            if planned > 0:
-                acc[str(r.get("policy"))][planned].append(r.get("draft_steps", 0))
-    return {p: {lv: statistics.fmean(v) for lv, v in t.items() if len(v) >= 3} for p, t in acc.items()}
+    return _per_policy(((r, r.get("depth", 0) - kept, r.get("draft_steps", 0)) for r, kept in _in_order(by_run)
+                        if r.get("depth", 0) - kept > 0), statistics.fmean)
 
 
-def _levels_by_policy(rounds: list[dict]) -> dict[str, dict[int, float]]:
+def _levels_by_policy(by_run: dict[tuple, list[dict]]) -> dict[str, dict[int, float]]:
     """Median sent levels by drafted levels (drafted steps + levels kept from the branch), per
     policy; rounds whose tree reached deeper than they drafted (lookup) are left out."""
-    acc: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for rs in _group_runs(rounds).values():
-        prev_reused = 0
-        for r in sorted(rs, key=lambda x: x["round"]):
-            drafted, prev_reused = r.get("draft_steps", 0) + prev_reused, r.get("reused_depth", 0)
-            if drafted > 0 and r.get("depth", 0) > 0 and r.get("tree_depth") and r["tree_depth"] <= drafted:
-                acc[str(r.get("policy"))][drafted].append(r["tree_depth"])
-    return {p: {lv: statistics.median(v) for lv, v in t.items() if len(v) >= 3} for p, t in acc.items()}
+    return _per_policy(((r, r.get("draft_steps", 0) + kept, r["tree_depth"]) for r, kept in _in_order(by_run)
+                        if r.get("depth", 0) > 0 and 0 < (r.get("tree_depth") or 0) <= r.get("draft_steps", 0) + kept),
+                       statistics.median)
 
 
 def _hit_rates(branched: list[dict], default: float) -> tuple[float, float]:
@@ -349,18 +347,15 @@ def _cut_model(rounds: list[dict]) -> tuple[float, float] | None:
     ``d`` below the planned depth it cut. None when no confidence-cut policy was traced.
     """
     cont = [[0, 0], [0, 0]]  # [miss, match] x [continued, decisions]
-    for rs in _group_runs([r for r in rounds if r.get("policy") == "edgellm"]).values():
-        prev_reused = 0
-        for r in sorted(rs, key=lambda x: x["round"]):
-            d, a, planned = r.get("draft_steps", 0), r["accepted"], r["depth"]
-            if d > 0 and prev_reused == 0:  # rounds on a kept branch start mid-tree: skipped
-                for j in range(1, d + 1):
-                    if j == d and d >= planned:
-                        break  # stopped by the planned depth, not by the cut
-                    m = int(j <= a)
-                    cont[m][1] += 1
-                    cont[m][0] += j < d
-            prev_reused = r.get("reused_depth", 0)
+    for r, kept in _in_order(_group_runs([r for r in rounds if r.get("policy") == "edgellm"])):
+        d, a, planned = r.get("draft_steps", 0), r["accepted"], r["depth"]
+        if d > 0 and kept == 0:  # rounds on a kept branch start mid-tree: skipped
+            for j in range(1, d + 1):
+                if j == d and d >= planned:
+                    break  # stopped by the planned depth, not by the cut
+                m = int(j <= a)
+                cont[m][1] += 1
+                cont[m][0] += j < d
     if cont[0][1] + cont[1][1] < 5:
         return None
     return tuple(c / n if n else 1.0 for c, n in cont)  # type: ignore[return-value]
