@@ -163,11 +163,13 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
             elif r.get("load", 0.0) == 0.0:
                 free.append(s)
     traced = {str(r.get("schedule")) for r in rounds}
-    if not free and busy and len(traced) == 1:  # one loaded schedule only: its steps are the reference
+    # one loaded schedule and no uncontended round: its own steps are the reference
+    own_reference = not free and busy and len(traced) == 1
+    if own_reference:
         free, busy = busy, []
     cal = Calibration(step_s=free or [0.05], depth=int(cfg.get("depth", 4)), budget=_traced_budget(cfg),
                       tokens_per_step=float(cfg.get("width", 2)))
-    if not busy and traced - {"none"} and len(traced) == 1:
+    if own_reference:
         cal.slowdown_by_schedule = {traced.pop(): 1.0}  # ...so simulated under it, at its own speed
     if free and busy:
         cal.slowdown = max(1.0, statistics.median(busy) / statistics.median(free))

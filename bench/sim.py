@@ -282,8 +282,7 @@ class _Cloud:
         planned = max(0, depth - e.reused) if depth > 0 else 0
         if not e.oracle and e.policy.confidence_floor is None:  # (EdgeLLM's cut has its own model)
             # the traced steps for those levels (level 1 is often free), rounded at random
-            mean = e.cal.steps(planned, e.policy.name)
-            planned = int(mean) + (e.rng.random() < mean - int(mean))
+            planned = _draw_count(e.rng, e.cal.steps(planned, e.policy.name))
         steps = 0
         while steps < planned:
             d = e.step_time(t) * (e.cal.step_scale(1) if e.oracle else 1.0)  # the oracle drafts a chain
@@ -326,6 +325,11 @@ class _Cloud:
             self.push(end, "round", e.idx)
 
 
+def _draw_count(rng: random.Random, mean: float) -> int:
+    """A whole count whose expectation is ``mean``: floor(mean), plus one with P = its fraction."""
+    return int(mean) + (rng.random() < mean - int(mean))
+
+
 def _branch(e, t_send: float, t_arr: float, a: int, depth: int, hit: bool) -> float:
     """The proactive branch drafted from ``t_send``: interruptible policies stop at the first step
     boundary after the verdict (``t_arr``); returns when the edge is free for the next round."""
@@ -337,8 +341,8 @@ def _branch(e, t_send: float, t_arr: float, a: int, depth: int, hit: bool) -> fl
     else:
         want = e.oracle_branch  # the planned branch length
     if not pol.interruptible and pol.name in e.cal.branch_steps_by_policy and not e.oracle:
-        mean = e.cal.branch_steps_by_policy[pol.name]  # as traced: it runs them all, whatever the verdict
-        want = int(mean) + (e.rng.random() < mean - int(mean))
+        # as traced: it runs them all, whatever the verdict
+        want = _draw_count(e.rng, e.cal.branch_steps_by_policy[pol.name])
     t, steps, stopped = t_send, 0, None
     # a tree step feeds tokens_per_step tokens, a chain step one: time = tau · scale(tokens)
     per_step = 1 if pol.chain_branch or e.oracle else e.cal.step_tokens
