@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import os
 import platform
@@ -205,18 +206,17 @@ class Soak:
         that answered its /metrics call): a replica process that is still loading counts in
         ``replica_pids`` but not there, and killing the last serving one while its replacement
         loads is an outage of the soak's own making, not a failover."""
-        while not self.over():
+        async def kill_one() -> bool:
             pids = self.cloud.replica_pids()
-            if self.live and len(pids) >= 2 and await self._replicas_serving() >= 2:
-                try:
-                    os.kill(rng.choice(pids), signal.SIGKILL)
-                except OSError:  # it died on its own just now: try again
-                    pass
-                else:
-                    self.injected("replica_kill")
-                    return
-            await asyncio.sleep(0.2)
-        self.faults["replica_kill_skipped"] += 1
+            if not self.live or len(pids) < 2 or await self._replicas_serving() < 2:
+                return False
+            try:
+                os.kill(rng.choice(pids), signal.SIGKILL)
+            except OSError:  # it died on its own just now: try again
+                return False
+            return True
+
+        await self._when_possible("replica_kill", kill_one)
 
     async def _replicas_serving(self) -> int:
         live = await asyncio.to_thread(metric, self.cloud.port, "rapid_replicas_live", 5.0, self.secure)
@@ -238,10 +238,14 @@ class Soak:
                 proc.send_signal(signal.SIGCONT)
 
     async def _when_possible(self, kind: str, act) -> None:
-        """Inject ``kind`` as soon as ``act()`` finds something to hit: polled until it does, or
-        until the soak is over (no run in flight and none to come): then it counts as skipped."""
+        """Inject ``kind`` as soon as ``act()`` (plain or a coroutine function) finds something to
+        hit: polled until it does, or until the soak is over (no run in flight and none to come):
+        then it counts as skipped."""
         while not self.over():
-            if act():
+            done = act()
+            if inspect.isawaitable(done):
+                done = await done
+            if done:
                 self.injected(kind)
                 return
             await asyncio.sleep(0.2)
