@@ -114,11 +114,6 @@ class TreeCut:
             if predicted:
                 cal.observe(sum(predicted), accepted)
 
-    @property
-    def gain(self) -> float:
-        """The draft nodes' ``g``: how many accepted tokens a unit of predicted probability has been worth."""
-        return self.draft.gain
-
     def nodes(self, scores: Sequence[float], draft_s: float, lookup: Sequence[bool] | None = None) -> int:
         """How many of the nodes (``scores`` in any order, ``lookup`` flags aligned: none by
         default) to send: all while no curve is known."""

@@ -66,13 +66,13 @@ def test_no_curve_sends_everything_and_the_calibration_follows_the_verdicts():
     assert cut.nodes(scores, 0.05) == 4  # no curve yet
     cut.observe_cloud([1, 2, 4], [0.1, 0.2, 0.4])  # every node doubles the round
     assert cut.nodes(scores, 0.0) == 1
-    assert cut.gain == 1.0
+    assert cut.draft.gain == 1.0
     for _ in range(30):  # the draft promised 2.1 tokens, the target took none
         cut.observe_verdict(scores, [False] * 4, 0.4, 0.01, [])
-    assert cut.gain == G_MIN
+    assert cut.draft.gain == G_MIN
     for _ in range(60):
         cut.observe_verdict(scores[:1], [False], 0.1, 0.01, [0])  # promised 0.9, took 1
-    assert 1.0 < cut.gain < 1.2
+    assert 1.0 < cut.draft.gain < 1.2
 
 
 def test_the_drafters_cut_keeps_the_best_nodes_closed_under_ancestors(tiny_pair):
@@ -94,7 +94,7 @@ def test_lookup_nodes_keep_their_own_calibration():
     lookup = [False, True, False, True]
     for _ in range(60):  # the draft promised 1.4 tokens and got none; the lookup 0.75 and got 2
         cut.observe_verdict(scores, lookup, 0.19, 0.01, [1, 3])
-    assert cut.draft.gain == G_MIN and cut.gain == G_MIN
+    assert cut.draft.gain == G_MIN
     assert cut.lookup.gain == pytest.approx(2 / 0.75, rel=1e-6)
     with_flags, without = cut.nodes(scores, 0.05, lookup), cut.nodes(scores, 0.05)
     assert with_flags > without  # the lookup nodes pay for their rows, discounted they would not
