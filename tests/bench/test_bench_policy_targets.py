@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from rapid.bench.policy_targets import (
+    COUNT_TARGETS,
     CountTarget,
     ablation,
     count_checks,
+    count_targets,
     fastest_checks,
     target_lines,
 )
@@ -72,3 +74,10 @@ def test_without_load_every_adaptive_policy_against_fixed():
     text = "\n".join(target_lines(rows + ROWS, "rapid"))
     assert "fastest in 2 of 3 cells" in text
     assert "| wan | none | caac/fixed ≥ 1 | c4 0.90 | 0/1 | every set | missed |" in text
+
+
+def test_the_default_policy_carries_the_rapid_target_in_the_report():
+    rows = [{**r, "policy": "rapid-cost" if r["policy"] == "rapid" else r["policy"]} for r in ROWS]
+    text = "\n".join(target_lines(rows, "rapid-cost"))
+    assert "rapid-cost/fixed ≥ 1.3 | c4 1.50, oasst 1.20 | 1/2 | every set | missed" in text
+    assert count_targets("rapid") == COUNT_TARGETS  # rapid's own target is not repeated
