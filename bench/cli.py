@@ -12,6 +12,7 @@ from rapid.bench.prompts import default_prompt_dir
 from rapid.bench.report import write_report
 from rapid.bench.runner import BENCH_TREE, BenchConfig, run_bench
 from rapid.bench.sim_report import run_sim_cli
+from rapid.bench.variants import variant_configs
 from rapid.runtime.edge_config import DEFAULT as EDGE_DEFAULT
 from rapid.runtime.edge_config import add_edge_args
 from rapid.runtime.policies import POLICIES
@@ -62,7 +63,9 @@ def bench_parser() -> argparse.ArgumentParser:
     add_edge_args(ap, "sampling", exclude=("max_tokens", "top_k"))  # --max-tokens below: the preset's
     ap.add_argument("--dtype", default="auto", help="the target's dtype: auto|bfloat16|float32|float64")
     ap.add_argument("--target", default="default-target")
-    ap.add_argument("--policies", help="comma list (default fixed,npdg,rapid; also ipdg, caac, rapid-cost, edgellm, ar)")
+    ap.add_argument("--policies", help="comma list (default fixed,npdg,rapid; also ipdg, caac, rapid-cost, edgellm, "
+                    "ar); a variant runs a policy under other tree options beside it: rapid-cost@branch_roots=4 "
+                    "(rapid.bench.variants)")
     ap.add_argument("--prompts", help="folder of prompt-set JSON files or one file "
                     "(default ../shared/data/prompts if present, else built-in prompts)")
     ap.add_argument("--sets", help="comma list of set names (default c4,oasst)")
@@ -108,6 +111,8 @@ def bench_config(a: argparse.Namespace, out: Path) -> BenchConfig:
         progress=not a.no_progress,
         carry_controller=not a.fresh_controller, load_device=a.load_device,
         peers=bool(opt("peers", a.peers)) and not a.smoke)
+    # a bad policy, variant or option value: one line now, not after the models load
+    variant_configs(cfg.policies or [], {n: getattr(cfg, n) for n in BENCH_TREE})
     if a.sets is None and a.prompts is None:
         if default_prompt_dir() is None:  # no shared prompt sets here: the built-in prompts
             cfg.sets = None

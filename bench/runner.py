@@ -31,6 +31,7 @@ from rapid.bench import netem
 from rapid.bench.contention import LoadProcess, Schedule, load_device_for, parse_schedule, pin
 from rapid.bench.peers import PEERS, run_peers
 from rapid.bench.prompts import load_sets, pick, truncate_ids
+from rapid.bench.variants import TREE_OPTIONS, variant_configs
 from rapid.core.errors import RapidError
 from rapid.core.manifest import is_export_dir, load_manifest
 from rapid.core.precision import choose_dtype, cpu_flags
@@ -38,9 +39,8 @@ from rapid.core.procs import free_port, start_listening, stop_server
 from rapid.core.sampling import SamplingParams
 from rapid.export.fast_draft import resolve_draft
 from rapid.runtime.coordinator import CoordinatorConfig, controller_for
-from rapid.runtime.edge_config import DEFAULT, EdgeConfig, group_fields
+from rapid.runtime.edge_config import DEFAULT, EdgeConfig
 from rapid.runtime.generate import open_edge_model
-from rapid.runtime.policies import get_policy
 from rapid.runtime.session import EdgeSession
 from rapid.runtime.tree import TreeParams
 from rapid.tiny import build_tiny
@@ -84,7 +84,7 @@ class BenchConfig:
     peers: bool = False  # also run HF assisted / prompt-lookup generation (rapid.bench.peers)
 
 
-BENCH_TREE = tuple(n for n in group_fields("tree") if n != "policy")  # BenchConfig holds each (a test checks)
+BENCH_TREE = TREE_OPTIONS  # BenchConfig holds each (a test checks)
 
 
 def _cpus() -> set[int]:
@@ -165,7 +165,7 @@ def run_bench(cfg: BenchConfig) -> Path:
 class _Matrix:
     """What one bench run sweeps, and where its two processes run."""
 
-    policies: list
+    policies: list  # Policy, each named by its spec (rapid.bench.variants)
     schedules: list
     profiles: list
     chosen: dict  # set -> prompts
@@ -175,18 +175,22 @@ class _Matrix:
     net: tuple[str, str]  # (mode, why)
     draft: str
     target: str
-    tree: TreeParams
+    configs: dict[str, EdgeConfig]  # policy (spec) name -> its edge options: the run's + the variant's
     sampling: SamplingParams
+
+    def tree(self, policy_name: str) -> TreeParams:
+        return self.configs[policy_name].tree()
 
     @classmethod
     def of(cls, cfg: BenchConfig) -> _Matrix:
         cpus = _cpus()
         two = len(cpus) >= 2 and cfg.edge_cpu in cpus and cfg.cloud_cpu in cpus and cfg.edge_cpu != cfg.cloud_cpu
         sets = load_sets(cfg.prompts_source, cfg.sets)
-        return cls([get_policy(p) for p in cfg.policies], [parse_schedule(s) for s in cfg.schedules],
+        variants = variant_configs(cfg.policies, {n: getattr(cfg, n) for n in BENCH_TREE})
+        return cls([p for p, _ in variants], [parse_schedule(s) for s in cfg.schedules],
                    [netem.get_profile(p) for p in cfg.profiles], {k: pick(v, cfg.n_prompts) for k, v in sets.items()},
                    cpus, {cfg.edge_cpu} if two else None, {cfg.cloud_cpu} if two else None, _net_mode(cfg),
-                   *_models(cfg), EdgeConfig(**{n: getattr(cfg, n) for n in BENCH_TREE}).tree(),
+                   *_models(cfg), {p.name: c for p, c in variants},
                    SamplingParams(cfg.temperature, cfg.top_p, 0, cfg.seed))
 
 
@@ -235,7 +239,7 @@ def _run_profile(cfg: BenchConfig, m: _Matrix, prof, edge, encoded: dict, load_d
                                 row_meta = {"profile": prof.name, "net_mode": mode, "schedule": sched.name,
                                             "set": set_name, "prompt_id": prompt.id, "repeat": rep,
                                             "prompt_tokens": len(ids)}
-                                _one(out, edge, m.tree, m.sampling, cfg, pol, url, ids, load, sched, row_meta,
+                                _one(out, edge, m.tree(pol.name), m.sampling, cfg, pol, url, ids, load, sched, row_meta,
                                      ctrls.get(pol.name))
                                 bar.update(1)
     finally:
@@ -248,12 +252,12 @@ def _warm_up(cfg: BenchConfig, m: _Matrix, edge, encoded: dict, url: str) -> dic
     """Warm-up generations (not recorded, no load): first forwards of both models, lazy init, and
     each carried controller's uncontended latency baseline; returns the carried controllers."""
     first = next(iter(encoded.values()))[0][1]
-    ccfg = CoordinatorConfig(depth=cfg.depth)
-    ctrls = {p.name: controller_for(p, ccfg) for p in m.policies} if cfg.carry_controller else {}
+    ctrls = ({p.name: controller_for(p, CoordinatorConfig(depth=m.configs[p.name].depth)) for p in m.policies}
+             if cfg.carry_controller else {})
     # one warm-up per policy whose depth reacts to the baseline (plus the first policy)
     warm = [p for i, p in enumerate(m.policies) if i == 0 or (cfg.carry_controller and p.adaptive_depth)]
     for pol in warm:
-        with EdgeSession(edge, url, policy=pol, tree=m.tree, controller=ctrls.get(pol.name)) as session:
+        with EdgeSession(edge, url, policy=pol, tree=m.tree(pol.name), controller=ctrls.get(pol.name)) as session:
             asyncio.run(session.generate(first, 8 if cfg.carry_controller else 2, m.sampling))
     return ctrls
 
