@@ -12,6 +12,7 @@ from pathlib import Path
 from rapid.bench.peer_report import ceiling_lines, peer_lines
 from rapid.bench.plots import make_plots
 from rapid.bench.policy_targets import target_lines
+from rapid.bench.round_time import round_time_lines
 from rapid.runtime.edge_config import DEFAULT as EDGE_DEFAULT
 
 METRICS = [  # (column, header)
@@ -186,6 +187,7 @@ def write_report(folder: str | Path, plots: bool = True) -> dict[str, Path]:
     lead = EDGE_DEFAULT.policy if any(r["policy"] == EDGE_DEFAULT.policy for r in rows) else "rapid"
     vs_ar = {r["set"]: r["vs_ar"] for r in rat if r["policy"] == lead and r["schedule"] == "none" and "vs_ar" in r}
     L += peer_lines(read_jsonl(folder / "peers.jsonl"), vs_ar, lead) + ceiling_lines(rounds, lead)
+    L += round_time_lines(rounds, lead)
     pngs = [p for k, p in files.items() if k not in ("summary", "report")]
     if pngs:
         L += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in pngs]
