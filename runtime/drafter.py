@@ -318,17 +318,20 @@ class Drafter:
         between them and simply stops iterating to interrupt).
 
         Step 0 feeds, in one forward, the best unfed nodes of D_i (their next tokens become
-        known) and the roots whose outcome is known already: the k = ``params.branch_roots``
-        likeliest verdicts that stop at the root or at a fed node. On a slow edge the verdict
-        lands before a second step ends, so only these can be kept. Then, the leaves' next
-        tokens known, the k likeliest outcomes not chosen yet are fed as roots too (a chain
-        branch, ``width`` = 1, has only this one root, k = 1); then the best ``width`` nodes
-        below any root per step, best first by score, so the likelier roots grow deeper.
+        known; a prompt-lookup chain below one of them whole, ``TokenTree.with_chains``, so that
+        a verdict accepting the chain to its end can land on a root) and the roots whose outcome
+        is known already: the k = ``params.branch_roots`` likeliest verdicts that stop at the root
+        or at a fed node. On a slow edge the verdict lands before a second step ends, so only
+        these can be kept. Then, the leaves' next tokens known, the k likeliest outcomes not
+        chosen yet are fed as roots too (a chain branch, ``width`` = 1, has only this one root,
+        k = 1); then the best ``width`` nodes below any root per step, best first by score, so
+        the likelier roots grow deeper.
         """
         self._branch_width = width or self.params.width
         k = 1 if width == 1 else self.params.branch_roots
         sent = len(self.tree)
-        leaves = self.tree.frontier(self.params.width, stop_ids=self.stop_ids)
+        leaves = self.tree.with_chains(self.tree.frontier(self.params.width, stop_ids=self.stop_ids),
+                                       self.stop_ids)
         chain = width == 1 and bool(leaves)  # its one root is chosen once the leaves are known
         early = [] if chain else self._add_roots(choose_proactive_roots(self.tree, decay, k, self.params.floor, sent))
         rec = self._grow_branch(early, leaves) if leaves or early else None

@@ -191,6 +191,21 @@ class TokenTree:
         cand.sort(key=lambda i: (-self.score[i], i))
         return sorted(cand[:width])
 
+    def with_chains(self, nodes: list[int], stop_ids: tuple[int, ...] = ()) -> list[int]:
+        """``nodes`` (expandable) each followed by the unfed path below it while every node on it
+        has exactly one child, no stop token fed: a prompt-lookup chain hangs below its first node
+        that way. Parents come before children, so ``ancestor_mask`` feeds it all in one step."""
+        out: list[int] = []
+        for i in nodes:
+            out.append(i)
+            while self.tokens[i] not in stop_ids:
+                kids = self.children(i)
+                if len(kids) != 1 or self.slot[kids[0]] >= 0:
+                    break
+                i = kids[0]
+                out.append(i)
+        return out
+
     def prune(self, budget: int, among: list[int] | None = None, floor: float = -math.inf) -> list[int]:
         """Keep the ``budget`` best nodes (ancestor-closed), none scoring below ``floor`` but the
         best one; return the kept old indices.

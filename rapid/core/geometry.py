@@ -45,21 +45,27 @@ def ancestor_mask(parents: Sequence[int], rows: Sequence[int], slots: Sequence[i
                   see: int | None = None) -> np.ndarray:
     """Bool ``[T, kv_len + T]`` for feeding the tree nodes ``rows`` (T = len(rows); ROOT may be one).
 
-    Row ``r`` sees KV slots ``[0, see)`` (default ``kv_len``: the whole cache), ``slots[a]`` for
-    every ancestor ``a`` of ``rows[r]`` (each must be fed: ``slots[a] ≥ 0``) and itself
-    (``kv_len + r``). Parents must point backwards (``parents[j] < j``).
+    Row ``r`` sees KV slots ``[0, see)`` (default ``kv_len``: the whole cache), for every ancestor
+    ``a`` of ``rows[r]`` its slot ``slots[a]`` when fed (``≥ 0``), else its own row when ``a`` is
+    fed in this step before ``r`` (``kv_len + rows.index(a)``: a path of unfed nodes, a prompt-
+    lookup chain, goes in one forward), and itself (``kv_len + r``). Parents must point backwards
+    (``parents[j] < j``); an ancestor neither fed nor an earlier row is a ValueError.
     """
     t = len(rows)
     allowed = np.zeros((t, kv_len + t), dtype=bool)
     allowed[:, : kv_len if see is None else see] = True
+    row_of = {node: r for r, node in enumerate(rows)}
     for r, i in enumerate(rows):
         child, a = i, (ROOT if i == ROOT else parents[i])
         while a != ROOT:
             if a >= child:
                 raise ValueError(f"parent {a} of node {child} must come before it")
-            if slots[a] < 0:
-                raise ValueError(f"ancestor {a} of node {i} has not been fed")
-            allowed[r, slots[a]] = True
+            if slots[a] >= 0:
+                allowed[r, slots[a]] = True
+            elif row_of.get(a, r) < r:
+                allowed[r, kv_len + row_of[a]] = True
+            else:
+                raise ValueError(f"ancestor {a} of node {i} has not been fed (nor is it an earlier row)")
             child, a = a, parents[a]
         allowed[r, kv_len + r] = True
     return allowed

@@ -168,3 +168,36 @@ def test_a_step_that_never_completes_raises_a_typed_error(engine):
     assert len(handles) == 1 and handles[0].polls > 5  # polled while waiting, then gave up
     with pytest.raises(ValueError, match="poll_s"):
         Drafter(eng, TreeParams(), poll_s=0.0)
+
+
+def test_a_lookup_chain_is_fed_whole_in_the_branchs_first_step_and_its_end_can_be_kept(engine):
+    """A verdict that accepts a prompt-lookup chain to its end lands below a node the draft never
+    fed while drafting D_i; the branch's first step feeds the chain in one forward (each row sees
+    the prefix and its own path), so a root can hang below the chain's end and be kept."""
+    eng = engine()
+    d = Drafter(eng, TreeParams(depth=1, budget=16, topk=2, width=2, lookup=4, lookup_p=1.0))
+    prompt = [5, 6, 7, 8, 9, 10, 5, 6, 7]
+    d.start(prompt)
+    d.draft(1)
+    chain, node = [], -1
+    for t in (8, 9, 10, 5):  # the continuation of the repeated 3-gram [5, 6, 7]
+        node = d.tree.child_with(node, t)
+        chain.append(node)
+    assert all(d.tree.slot[i] < 0 for i in chain)  # D_i as sent: the chain unfed
+    steps = d.proactive_steps(0.1)
+    next(steps)
+    fed, seen = eng.seen[-1]
+    rows = {d.tree.slot[i] - (eng.kv_len - len(fed)): i for i in chain}
+    assert all(d.tree.slot[i] >= 0 and d.tree.top[i] is not None for i in chain)
+    for r, i in rows.items():
+        assert fed[r] == d.tree.tokens[i] and seen[r] == prompt + path_tokens(d, i)
+    next(steps)  # the roots chosen once the chain's end is known are fed
+    root = d.branches[0]
+    assert root.node == chain[-1]
+    plan = d.apply_verdict(chain, root.token)
+    assert plan.hit and plan.emitted == [8, 9, 10, 5, root.token] and d.levels >= 1
+    assert eng.slots[: d.prefix_len] == d.committed[: d.prefix_len]
+    d.draft(d.levels + 1)
+    for i, s in enumerate(d.tree.slot):
+        if s >= 0:
+            assert eng.slots[s] == d.tree.tokens[i]

@@ -226,6 +226,29 @@ def test_drafter_attention_rejects_unfed_ancestor():
     assert ancestor_mask(tree.parents, [0], tree.slot, 3).tolist() == [[True, True, True, True]]
 
 
+def test_drafter_attention_sees_ancestors_fed_earlier_in_the_same_step():
+    """A path of unfed nodes (a prompt-lookup chain) goes in one forward: each row sees its fed
+    ancestors' slots and the rows of its ancestors fed before it in the step."""
+    tree = TokenTree(tokens=[1, 2, 3, 4], parents=[ROOT, 0, 1, 0], depth=[1, 2, 3, 2], score=[0.0] * 4,
+                     slot=[3, -1, -1, -1], top=[None] * 4)
+    allowed = ancestor_mask(tree.parents, [1, 2, 3], tree.slot, 4, see=3)
+    assert [np.flatnonzero(r).tolist() for r in allowed] == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 6]]
+    with pytest.raises(ValueError, match="earlier row"):  # the parent comes after its child in the step
+        ancestor_mask(tree.parents, [2, 1], tree.slot, 4)
+
+
+def test_with_chains_follows_a_single_child_unfed_path_below_each_node():
+    # 0 fed; 1 (unfed) -> 2 -> 3 a chain; 4 unfed leaf; 5 -> 6, 7 branches below 5
+    tree = TokenTree(tokens=[1, 2, 3, 4, 5, 6, 7, 8], parents=[ROOT, 0, 1, 2, 0, ROOT, 5, 5],
+                     depth=[1, 2, 3, 4, 2, 1, 2, 2], score=[0.0] * 8, slot=[0, -1, -1, -1, -1, -1, -1, -1],
+                     top=[None] * 8)
+    assert tree.with_chains([1, 4, 5]) == [1, 2, 3, 4, 5]
+    assert tree.with_chains([1], stop_ids=(3,)) == [1, 2]  # node 2 carries a stop token: nothing below it
+    assert tree.with_chains([1], stop_ids=(2,)) == [1]
+    tree.slot[2] = 1  # a fed node ends it
+    assert tree.with_chains([1]) == [1]
+
+
 def test_positions():
     tree = TokenTree(tokens=[1, 2, 3], parents=[ROOT, 0, 1], depth=[1, 2, 3], score=[0, 0, 0],
                      slot=[-1] * 3, top=[None] * 3)
