@@ -192,9 +192,10 @@ class TokenTree:
         return sorted(cand[:width])
 
     def with_chains(self, nodes: list[int], stop_ids: tuple[int, ...] = ()) -> list[int]:
-        """``nodes`` (expandable) each followed by the unfed path below it while every node on it
-        has exactly one child, no stop token fed: a prompt-lookup chain hangs below its first node
-        that way. Parents come before children, so ``ancestor_mask`` feeds it all in one step."""
+        """``nodes`` (expandable) each followed by the unfed path below it, as long as each node on
+        it is the only child of the one above and nothing goes below a stop token: a prompt-lookup
+        chain hangs below its first node that way. Parents come before children, so
+        ``ancestor_mask`` feeds it all in one step."""
         out: list[int] = []
         for i in nodes:
             out.append(i)
