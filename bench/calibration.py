@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rapid.bench.report import read_jsonl
+from rapid.bench.traces import group_runs, run_key, with_previous
 from rapid.runtime.cost_model import interpolate_sorted
 from rapid.runtime.policies import POLICIES
 from rapid.runtime.tree import AUTO_BUDGET_CAP
@@ -186,7 +187,7 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
         g = json.loads(Path(gpu_profile).read_text())
         pairs = sorted(zip(g["nodes"], g["seconds"], strict=True))
         cal.gpu_profile = ([float(a) for a, _ in pairs], [float(b) for _, b in pairs])
-    by_run = _group_runs(rounds)
+    by_run = group_runs(rounds)
     cal.startup_s = _startup(runs, by_run)
     nd: dict[int, list[int]] = defaultdict(list)
     for r in rounds:
@@ -226,7 +227,7 @@ def fit_prompt_set(cal: Calibration, rounds: list[dict], runs: list[dict], seed:
     """Refit what depends on the prompts from one prompt set's traces: the acceptance replay,
     the start-up (cloud prefill) and the draft prefill (both grow with the prompt's length);
     the device and network timing stays; returns ``cal``."""
-    by_run = _group_runs(rounds)
+    by_run = group_runs(rounds)
     fit_acceptance(cal, rounds, seed)
     cal.startup_s = _startup(runs, by_run) if runs else cal.startup_s
     cal.prefill_s = _prefill(rounds, by_run) or cal.prefill_s
@@ -241,11 +242,8 @@ def _nodes_by_policy(by_run: dict[tuple, list[dict]]) -> dict[str, dict[int, flo
 
 def _in_order(by_run: dict[tuple, list[dict]]):
     """Every run's rounds in order, each with the levels the previous round's kept branch supplied."""
-    for rs in by_run.values():
-        kept = 0
-        for r in sorted(rs, key=lambda x: x["round"]):
-            yield r, kept
-            kept = r.get("reused_depth", 0)
+    for r, prev in with_previous(by_run):
+        yield r, 0 if prev is None else prev.get("reused_depth", 0)
 
 
 def _per_policy(samples, agg) -> dict[str, dict[int, float]]:
@@ -259,8 +257,8 @@ def _per_policy(samples, agg) -> dict[str, dict[int, float]]:
 
 def _startup(runs: list[dict], by_run: dict[tuple, list[dict]]) -> float:
     """Median per-generation time outside the rounds: connect + the cloud's prompt prefill."""
-    st = [max(0.0, r["wall_s"] - sum(x["t_end"] - x["t_start"] for x in by_run[_run_key(r)]))
-          for r in runs if by_run.get(_run_key(r))]
+    st = [max(0.0, r["wall_s"] - sum(x["t_end"] - x["t_start"] for x in by_run[run_key(r)]))
+          for r in runs if by_run.get(run_key(r))]
     return statistics.median(st) if st else 0.0
 
 
@@ -280,7 +278,7 @@ def fit_acceptance(cal: Calibration, rounds: list[dict], seed: int = 0) -> Calib
     rng = random.Random(seed)
     bits: list[int] = []
     reach: list[int] = []
-    by_run = _group_runs(rounds)
+    by_run = group_runs(rounds)
     for r, kept in _in_order(by_run):
         if r.get("depth", 0) <= 0:
             continue
@@ -349,7 +347,7 @@ def _cut_model(rounds: list[dict]) -> tuple[float, float] | None:
     ``d`` below the planned depth it cut. None when no confidence-cut policy was traced.
     """
     cont = [[0, 0], [0, 0]]  # [miss, match] x [continued, decisions]
-    for r, kept in _in_order(_group_runs([r for r in rounds if r.get("policy") == "edgellm"])):
+    for r, kept in _in_order(group_runs([r for r in rounds if r.get("policy") == "edgellm"])):
         d, a, planned = r.get("draft_steps", 0), r["accepted"], r["depth"]
         if d > 0 and kept == 0:  # rounds on a kept branch start mid-tree: skipped
             for j in range(1, d + 1):
@@ -387,14 +385,3 @@ def _traced_budget(cfg: dict) -> int:
 def _sched_intensity(scheds: dict, name: str | None) -> float:
     d = scheds.get(name or "none")
     return float(d["intensity"]) if d and d.get("kind") != "none" else 1.0
-
-
-def _run_key(r: dict) -> tuple:
-    return (r.get("profile"), r.get("schedule"), r.get("set"), r.get("prompt_id"), r.get("repeat"), r.get("policy"))
-
-
-def _group_runs(rounds: list[dict]) -> dict[tuple, list[dict]]:
-    g: dict[tuple, list[dict]] = defaultdict(list)
-    for r in rounds:
-        g[_run_key(r)].append(r)
-    return g

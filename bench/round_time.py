@@ -24,6 +24,8 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
+from rapid.bench.traces import group_runs, with_previous
+
 
 @dataclass(slots=True, frozen=True)
 class RoundTime:
@@ -44,12 +46,12 @@ def _mean_ms(rs: list[dict], key: str | None = None) -> float | None:
 
 
 def _after(rounds: list[dict]) -> tuple[list[dict], list[dict]]:
-    """(rounds after a kept branch, rounds after a discarded one), in each generation's order."""
-    kept, missed, prev = [], [], None
-    for r in rounds:
-        if r["round"] > 0:
-            (kept if prev else missed).append(r)
-        prev = r.get("proactive_hit")
+    """(rounds after a kept branch, rounds after a discarded one); each generation's first round
+    in neither."""
+    kept, missed = [], []
+    for r, prev in with_previous(group_runs(rounds)):
+        if prev is not None:
+            (kept if prev.get("proactive_hit") else missed).append(r)
     return kept, missed
 
 

@@ -35,8 +35,9 @@ def test_a_round_counts_as_after_kept_when_the_round_before_kept_its_branch():
 
 def test_generations_do_not_carry_a_hit_across_their_boundary():
     # the last round of the first generation kept its branch; the next generation's round 0 has none
-    first = _generation()[:2]
-    rows = round_times(first + _generation() + _ar(), "rapid-cost")
+    first = [dict(r, repeat=0) for r in _generation()[:2]]
+    second = [dict(r, repeat=1) for r in _generation()]
+    rows = round_times(first + second + _ar(), "rapid-cost")
     assert rows[0].kept == pytest.approx(1 / 4)  # rounds 1 (after 0), 1, 2, 3 of the second
 
 
