@@ -230,7 +230,8 @@ def _setup_lines(meta: dict, same: int, checked: int) -> list[str]:
     L = ["# rapid bench report", ""]
     L.append(f"- started: {meta.get('started', '?')}; machine: {meta.get('machine', '?')}; cpus {meta.get('cpus')}")
     L.append(f"- draft: `{meta.get('draft')}`; target: `{meta.get('target')}`; engine {cfg.get('engine')}; "
-             f"tree depth {cfg.get('depth')} budget {cfg.get('budget')} topk {cfg.get('topk')} width {cfg.get('width')} lookup {cfg.get('lookup', 0)} min-p {cfg.get('min_p', 0)} branch roots {cfg.get('branch_roots', 1)}; "
+             f"tree depth {cfg.get('depth')} budget {cfg.get('budget')} topk {cfg.get('topk')} width {cfg.get('width')} lookup {cfg.get('lookup', 0)} min-p {cfg.get('min_p', 0)} branch roots {cfg.get('branch_roots', 1)} "
+             f"decay {cfg.get('branch_decay', 0.1)}; "
              f"{_sampling_text(cfg)}; max new tokens {cfg.get('max_new')}")
     L.append(f"- prompts: sets {list(meta.get('prompts', {}))}, {cfg.get('n_prompts')} per set, truncated to the "
              f"last **{meta.get('token_budget')} tokens** (lengths used: {meta.get('prompt_tokens')}); raw text, "

@@ -68,6 +68,7 @@ class BenchConfig:
     lookup: int = DEFAULT.lookup  # prompt-lookup tokens per tree (rapid.runtime.lookup)
     min_p: float = DEFAULT.min_p  # TreeParams.min_p
     branch_roots: int = DEFAULT.branch_roots  # IPDG roots (rapid.runtime.ipdg); every tree option is here
+    branch_decay: float = DEFAULT.branch_decay  # IPDG's discount of roots inside the tree
     cost_cut: bool = DEFAULT.cost_cut  # send only the nodes that pay for their verify time (rapid.runtime.tree_cut)
     edge_cpu: int = 0
     cloud_cpu: int = 1

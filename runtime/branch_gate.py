@@ -12,9 +12,15 @@ verdict expected at ``T``:
     start  iff  t + s <= T   or   p (T - t) >= (1 - p) (t + s - T)
 
 ``T`` = EMA of the send → verdict time (the cloud's share: RTT + verify), ``s`` = EMA of the
-branch's own step seconds (contended, as measured), ``p`` = EMA of the kept rate of this
-session's branches (prior ``prior`` until one is seen). Once ``t >= T`` (the verdict is
-overdue) the overlap term is 0, so only a certain branch (p = 1) starts another step. Until a
+branch's own step seconds (contended, as measured), ``p`` = EMA of how often this session's
+verdicts landed on a root that the branch has fed once this step is done (prior ``prior``
+until one is seen). Roots come in two waves (``Drafter.proactive_steps``): the first step feeds
+the outcomes known before it (a verdict stopping inside D_i), the second the outcomes at D_i's
+leaves, known once the first step has fed them. So the first step's ``p`` counts the first wave
+only, a later step's both: a first step whose own roots are rarely right does not run past the
+verdict on the strength of roots only a second step would feed (on a slow edge under load, with
+three roots, that overran every round by ~30 ms and kept nothing). Once ``t >= T`` (the verdict
+is overdue) the overlap term is 0, so only a certain branch (p = 1) starts another step. Until a
 cloud time and a step time are known every step starts (the paper's IPDG).
 
 Only when a step starts changes: no step starts after the feedback flag, a started step always
@@ -24,7 +30,9 @@ gate decides.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+WAVES = 2  # root waves: fed by the first branch step (0), by a later one (1)
 
 
 @dataclass(slots=True)
@@ -33,7 +41,8 @@ class BranchGate:
     prior: float = 0.3  # P(kept) before a branch has been judged
     cloud_s: float = 0.0  # EMA send → verdict (0: unknown)
     step_s: float = 0.0  # EMA of a branch step (0: unknown)
-    p_kept: float = -1.0  # EMA of the kept rate (< 0: none yet, the prior is used)
+    p_kept: list[float] = field(default_factory=lambda: [-1.0] * WAVES)  # per wave: EMA of a verdict landing on
+    # a root of that wave or an earlier one (< 0: none yet, the prior is used)
 
     def __post_init__(self) -> None:
         if not (0.0 < self.alpha <= 1.0 and 0.0 <= self.prior <= 1.0):
@@ -52,20 +61,24 @@ class BranchGate:
         if seconds > 0.0:
             self.step_s = self._ema(self.step_s, seconds)
 
-    def observe_kept(self, kept: bool) -> None:
-        """A branch was judged: kept (hit) or dropped."""
-        x = 1.0 if kept else 0.0
-        self.p_kept = x if self.p_kept < 0.0 else self.p_kept + self.alpha * (x - self.p_kept)
+    def observe_kept(self, landed: int | None) -> None:
+        """A branch was judged: the verdict landed on a root of wave ``landed`` (0: fed by the
+        first step, 1: by a later one), or on none (None)."""
+        for wave, old in enumerate(self.p_kept):
+            x = 1.0 if landed is not None and landed <= wave else 0.0
+            self.p_kept[wave] = x if old < 0.0 else old + self.alpha * (x - old)
 
-    @property
-    def p(self) -> float:
-        return self.prior if self.p_kept < 0.0 else self.p_kept
+    def p(self, step: int = 1) -> float:
+        """P(kept) for a branch whose step ``step`` (0 = the first) is done."""
+        old = self.p_kept[min(max(step, 0), WAVES - 1)]
+        return self.prior if old < 0.0 else old
 
-    def start(self, elapsed_s: float) -> bool:
-        """Start the next step ``elapsed_s`` seconds after the send? (module docstring)"""
+    def start(self, elapsed_s: float, step: int = 1) -> bool:
+        """Start branch step ``step`` (0 = the first) ``elapsed_s`` seconds after the send?
+        (module docstring)"""
         if self.cloud_s <= 0.0 or self.step_s <= 0.0:
             return True
-        t, s, big_t, p = elapsed_s, self.step_s, self.cloud_s, self.p
+        t, s, big_t, p = elapsed_s, self.step_s, self.cloud_s, self.p(step)
         if t + s <= big_t:
             return True
         return p * max(0.0, big_t - t) >= (1.0 - p) * (t + s - big_t)

@@ -68,7 +68,6 @@ class Generation:
 @dataclass(slots=True)
 class CoordinatorConfig:
     depth: int = 4  # fixed depth, and CAAC's initial/base depth
-    decay: float = 0.1  # IPDG proactive-root decay (runtime.ipdg)
     caac: CAACConfig = field(default_factory=CAACConfig)
     cost: CostConfig = field(default_factory=CostConfig)  # the cost-aware policy's estimates
     step_delay_s: float = 0.0  # injected per-step delay (tests, contention experiments)
@@ -130,8 +129,8 @@ class Coordinator:
         width = 1 if self.policy.chain_branch else None
         d = self.drafter
         gated = self.policy.interruptible and t_sent is not None
-        it = d.proactive_steps(self.cfg.decay, width)
-        while not gated or self.gate.start(self.clock() - t_sent):
+        it = d.proactive_steps(width)
+        while not gated or self.gate.start(self.clock() - t_sent, steps):
             rec = next(it, None)
             if rec is None:
                 break
@@ -271,9 +270,9 @@ class Coordinator:
         if branch_task is not None:
             rec.proactive_steps, rec.interrupted_at = await asyncio.shield(branch_task)
             rec.proactive_hit = d.branch_hit(list(verdict.path), verdict.bonus)
-            would = d.branch_would_hit(list(verdict.path), verdict.bonus)
-            if would is not None:  # judged even when the gate stopped it before its roots were fed
-                self.gate.observe_kept(would)
+            if d.branch_would_hit(list(verdict.path), verdict.bonus) is not None:
+                # judged even when the gate stopped it before its roots were fed
+                self.gate.observe_kept(d.branch_landing(list(verdict.path), verdict.bonus))
             if not rec.proactive_hit:
                 rec.discarded_steps = rec.proactive_steps
                 d.restore_boundary(boundary)

@@ -79,6 +79,7 @@ class Drafter:
         self.levels = 0  # expansion steps already applied to the active tree
         self.branches: list[ProactiveRoot] = []  # the proactive branch's roots, best first
         self.branch_nodes: list[int] = []  # their tree nodes, in the same order
+        self.branch_fed_by: list[int] = []  # the branch step that feeds each (0: the first, 1: a later one)
         self._branch_width = params.width
         self.sampling = SamplingParams()
         self.lookup = LookupStats(params.lookup_p)
@@ -94,7 +95,7 @@ class Drafter:
         self.prefix_len = 0
         self.tree = TokenTree()
         self.levels = 0
-        self.branches, self.branch_nodes = [], []  # a request that ended mid-round may have left a branch
+        self._drop_roots()  # a request that ended mid-round may have left a branch
         self._branch_width = self.params.width
         self.lookup = LookupStats(self.params.lookup_p)
         self._proposed = []
@@ -218,17 +219,20 @@ class Drafter:
         self.branch_nodes = [kept.index(b) for b in self.branch_nodes]
         return rec
 
-    def _add_roots(self, roots: list[ProactiveRoot]) -> list[int]:
-        """Hang ``roots`` (unfed) below their nodes and list them with the branch's roots, best
-        first; return their new nodes."""
+    def _add_roots(self, roots: list[ProactiveRoot], fed_by: int) -> list[int]:
+        """Hang ``roots`` (unfed; the branch step ``fed_by`` feeds them) below their nodes and list
+        them with the branch's roots, best first; return their new nodes."""
         t, new = self.tree, []
         for root in roots:
             base_depth = 0 if root.node == ROOT else t.depth[root.node]
             new.append(t.add_node(root.token, root.node, base_depth + 1, root.score))
-        pairs = sorted(zip(self.branches + roots, self.branch_nodes + new, strict=True),
-                       key=lambda rn: -rn[0].score)
-        self.branches, self.branch_nodes = [r for r, _ in pairs], [n for _, n in pairs]
+        rows = sorted(zip(self.branches + roots, self.branch_nodes + new, self.branch_fed_by + [fed_by] * len(roots),
+                          strict=True), key=lambda row: -row[0].score)
+        self.branches, self.branch_nodes, self.branch_fed_by = (list(col) for col in zip(*rows, strict=True))
         return new
+
+    def _drop_roots(self) -> None:
+        self.branches, self.branch_nodes, self.branch_fed_by = [], [], []
 
     def draft(self, depth: int, on_step: Callable[[StepRecord], None] | None = None,
               confidence_floor: float | None = None) -> list[StepRecord]:
@@ -307,13 +311,19 @@ class Drafter:
             return None
         return self._hit_root(path, bonus) is not None
 
+    def branch_landing(self, path: list[int], bonus: int) -> int | None:
+        """The branch step that feeds (or would feed) the root the verdict (path, bonus) lands on:
+        0 for the first step, 1 for a later one; None when it lands on no chosen root."""
+        k = self._hit_root(path, bonus)
+        return None if k is None else self.branch_fed_by[k]
+
     def restore_boundary(self, b: Boundary) -> None:
         """Drop everything expanded after ``b``: the tree as saved, the KV extent as saved."""
         self.tree = b.tree.copy()
         self.engine.truncate(b.kv_len)
-        self.branches, self.branch_nodes = [], []
+        self._drop_roots()
 
-    def proactive_steps(self, decay: float = 0.1, width: int | None = None):
+    def proactive_steps(self, width: int | None = None):
         """Yield complete proactive expansion steps one at a time (the caller checks feedback
         between them and simply stops iterating to interrupt).
 
@@ -333,13 +343,14 @@ class Drafter:
         leaves = self.tree.with_chains(self.tree.frontier(self.params.width, stop_ids=self.stop_ids),
                                        self.stop_ids)
         chain = width == 1 and bool(leaves)  # its one root is chosen once the leaves are known
-        early = [] if chain else self._add_roots(choose_proactive_roots(self.tree, decay, k, self.params.floor, sent))
+        early = [] if chain else self._add_roots(
+            choose_proactive_roots(self.tree, self.params.branch_decay, k, self.params.floor, sent), 0)
         rec = self._grow_branch(early, leaves) if leaves or early else None
         late: list[int] = []
         if leaves:  # chosen before step 0 is handed out: the branch's best root is then known
             floor = self.params.floor if self.branches else -math.inf
-            late = self._add_roots([r for r in choose_proactive_roots(self.tree, decay, k, self.params.floor, sent)
-                                    if r.score >= floor])
+            late = self._add_roots([r for r in choose_proactive_roots(self.tree, self.params.branch_decay, k,
+                                                                      self.params.floor, sent) if r.score >= floor], 1)
         if rec is not None:
             yield rec
         if late:
@@ -375,7 +386,7 @@ class Drafter:
         self.pending = plan.pending
         self.tree = plan.next_tree
         self.levels = levels_kept if plan.hit and plan.next_tree.root_top is not None else 0
-        self.branches, self.branch_nodes = [], []
+        self._drop_roots()
         if self.levels:  # a kept branch skips step 0, where lookup candidates join a new tree
             self.add_lookup()
             self.tree.prune(self.params.budget, floor=self.params.floor)

@@ -111,8 +111,13 @@ class EdgeConfig:
     coupled: bool = _opt(True, "tree", "under sampling, rank draft children by the draft's own log-softmax "
                          "instead of coupling them to the target's seeded noise (rapid.runtime.coupling); "
                          "without the flag they are coupled", "--no-coupled")
-    branch_roots: int = _opt(1, "tree", "roots of the proactive branch: the likeliest verdict outcomes (accepted "
-                             "path end, bonus token), fed in its first step (rapid.runtime.ipdg)")
+    # 3 roots at decay 1: vs-ar 1.00-1.14x rapid-cost's 1 root at decay 0.1 on every set in two runs, the
+    # slow edge 0.98-1.07x (Xeon with AMX, docs/results.md 2026-12-04 evening); TreeParams keeps 1 / 0.1
+    branch_roots: int = _opt(3, "tree", "roots of the proactive branch: the likeliest verdict outcomes (accepted "
+                             "path end, bonus token), fed in its first steps (rapid.runtime.ipdg)")
+    branch_decay: float = _opt(1.0, "tree", "how much rarer a verdict that stops inside the "
+                               "tree (every drafted child rejected) is than the draft believes: a proactive root "
+                               "there scores log of this below a leaf's (rapid.runtime.ipdg); 1 = as the draft says")
     cost_cut: bool = _opt(True, "tree", "send all the nodes the budget keeps instead of only the best ones whose "
                           "expected accepted tokens pay for their verify time on the cloud's curve "
                           "(rapid.runtime.tree_cut); without the flag the tree is cut", "--no-cost-cut")
@@ -132,7 +137,8 @@ class EdgeConfig:
         auto = self.budget == "auto"
         return TreeParams(self.depth, AUTO_BUDGET_CAP if auto else int(self.budget), self.topk, self.width,
                           auto_budget=auto, coupled=self.coupled, lookup=self.lookup, min_p=self.min_p,
-                          branch_roots=self.branch_roots, cost_cut=self.cost_cut)
+                          branch_roots=self.branch_roots, branch_decay=self.branch_decay,
+                          cost_cut=self.cost_cut)
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed)
@@ -142,7 +148,7 @@ class EdgeConfig:
                  ("threads", self.threads >= 1, ">= 1"), ("top_k", 0 <= self.top_k < 2**31, "in [0, 2**31)"),
                  ("temperature", math.isfinite(self.temperature) and self.temperature >= 0, ">= 0"),
                  ("top_p", 0 < self.top_p <= 1, "in (0, 1]"), ("min_p", 0 <= self.min_p < 1, "in [0, 1)"),
-                 ("lookup", self.lookup >= 0, ">= 0"),
+                 ("lookup", self.lookup >= 0, ">= 0"), ("branch_decay", 0 < self.branch_decay <= 1, "in (0, 1]"),
                  *((name, getattr(self, name) >= 1, ">= 1") for name in ("depth", "topk", "width", "branch_roots")))
         for name, ok, rule in rules:
             if not ok:

@@ -8,7 +8,13 @@ node) and the draft's best token b_v that is *not* already a child of v:
 
 with S(v) the cumulative draft log-probability (0 for the root). The branch is rooted at
 b* = b_{v*}, v* = argmax score. ``decay`` < 1 says that a path stopping *inside* the tree (every
-drafted child rejected) is rarer than the draft believes; leaves pay nothing. The branch is
+drafted child rejected) is rarer than the draft believes; leaves pay nothing. Measured on the
+default pair (int4 draft, bf16 target, greedy, 960 positions of the five prompt sets), the
+draft is about calibrated there: its first choice is the target's somewhat more often than its
+probability says (0.60 at q ~ 0.45, 0.93 at q ~ 0.86), and where its two best tokens are both
+wrong its third is the target's about twice as often as its share of the rest (0.32 at 0.14,
+0.48 at 0.25) -- a stop inside scores about as the draft says, so the commands use decay 1
+(``--branch-decay``; 0.1 was the first guess and kept nearly every root at a leaf). The branch is
 valid iff the cloud's accepted path ends at v* AND its bonus token equals b*. With several roots
 (``choose_proactive_roots``: the k best (v, b) pairs, one node may give several tokens) the
 branch is valid iff the verdict lands on one of them; only that root's subtree is kept.

@@ -57,7 +57,10 @@ class TreeParams:
     lookup_p: float = 0.5  # prior P(lookup token right), learnt per request (rapid.runtime.lookup.LookupStats)
     min_p: float = 0.0  # send no node whose path probability exp(score) is below this (the best one always;
     # the commands' default is rapid.runtime.edge_config.DEFAULT.min_p)
-    branch_roots: int = 1  # proactive branch roots: the likeliest verdict outcomes (rapid.runtime.ipdg)
+    branch_roots: int = 1  # proactive branch roots: the likeliest verdict outcomes (rapid.runtime.ipdg; the
+    # commands' default is rapid.runtime.edge_config.DEFAULT.branch_roots)
+    branch_decay: float = 0.1  # how much rarer a verdict stopping inside the tree is than the draft believes
+    # (rapid.runtime.ipdg's decay, in (0, 1]; the commands' default is DEFAULT.branch_decay)
     cost_cut: bool = False  # send only the best nodes that pay for their verify time (rapid.runtime.tree_cut;
     # the commands' default is rapid.runtime.edge_config.DEFAULT.cost_cut)
 
@@ -82,6 +85,8 @@ class TreeParams:
             raise ValueError(f"TreeParams.lookup must be >= 0, got {self.lookup}")
         if not 0.0 <= self.min_p < 1.0:
             raise ValueError(f"TreeParams.min_p must be in [0, 1), got {self.min_p}")
+        if not 0.0 < self.branch_decay <= 1.0:  # also false for NaN
+            raise ValueError(f"TreeParams.branch_decay must be in (0, 1], got {self.branch_decay}")
         if not 0.0 < self.lookup_p <= 1.0:
             raise ValueError(f"TreeParams.lookup_p must be in (0, 1], got {self.lookup_p}")
 

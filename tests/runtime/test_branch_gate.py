@@ -21,7 +21,7 @@ def gate(cloud: float, step: float, p: float | None) -> BranchGate:
     g.observe_cloud(cloud)
     g.observe_step(step)
     if p is not None:
-        g.p_kept = p
+        g.p_kept = [p, p]
     return g
 
 
@@ -31,7 +31,7 @@ def test_the_rule_by_hand():
     assert g.start(0.1)  # ends at it
     # at t = 0.3: overlap 0.1, overrun 0.2; p = 0.5: 0.05 < 0.1 -> no
     assert not g.start(0.3)
-    g.p_kept = 0.7  # 0.07 >= 0.06 -> yes
+    g.p_kept = [0.7, 0.7]  # 0.07 >= 0.06 -> yes
     assert g.start(0.3)
     assert not gate(0.4, 0.3, 0.99).start(0.5)  # overdue: only a certain branch starts a step
     assert gate(0.4, 0.3, 1.0).start(0.5)
@@ -41,13 +41,26 @@ def test_unknown_costs_start_every_step_and_the_prior_stands_in_for_p():
     assert BranchGate().start(10.0)
     assert gate(0.4, 0.0, None).start(10.0)
     g = gate(0.4, 0.3, None)
-    assert g.p == g.prior
-    g.observe_kept(True)
-    assert g.p == 1.0
-    g.observe_kept(False)
-    assert g.p == pytest.approx(0.7)
+    assert g.p(0) == g.p(1) == g.prior
+    g.observe_kept(0)
+    assert g.p(0) == g.p(1) == 1.0
+    g.observe_kept(None)
+    assert g.p(0) == g.p(1) == pytest.approx(0.7)
     with pytest.raises(ValueError):
         BranchGate(alpha=0.0)
+
+
+def test_the_first_step_counts_only_the_roots_it_feeds():
+    """Verdicts landing on second-wave roots (D_i's leaves, fed by step 1) make a later step
+    worth an overrun, not the first: its own roots (outcomes inside D_i) were never right."""
+    g = gate(0.25, 0.3, None)
+    for _ in range(5):
+        g.observe_kept(1)
+    assert g.p(0) == 0.0 and g.p(1) == 1.0 and g.p(7) == 1.0
+    assert not g.start(0.0, 0)  # overruns by 0.05 s for nothing
+    assert g.start(0.0, 1)
+    g.observe_kept(0)  # a first-wave root counts for every later step too
+    assert g.p(0) == pytest.approx(0.3) and g.p(1) == 1.0
 
 
 @settings(max_examples=200, deadline=None)

@@ -64,9 +64,9 @@ def test_proactive_policies_reach_depth_8_as_fast_as_caac(tiny_pair):
         for policy in (POLICIES["caac"], POLICIES["rapid"], adaptive_npdg):
             ticks = itertools.count(0.0, 0.005)  # every step takes 5 ms of this clock
             # no prompt-lookup chains: they would reach below the planned depth (accepted > depth)
-            drafter = Drafter(TorchEngine(drafts["same"], capacity=512), TreeParams(4, 12, 1, 1, lookup=0), (),
+            drafter = Drafter(TorchEngine(drafts["same"], capacity=512), TreeParams(4, 12, 1, 1, lookup=0, branch_decay=1e-12), (),
                               clock=ticks.__next__)
-            cfg = CoordinatorConfig(depth=4, decay=1e-12, caac=CAACConfig(time_cap=False))
+            cfg = CoordinatorConfig(depth=4, caac=CAACConfig(time_cap=False))
             gen = asyncio.run(Coordinator(drafter, CloudLink(server.url), policy, cfg).generate(
                 prompt, max_new, SamplingParams()))
             assert gen.tokens == reference_decode(target, prompt, max_new, SamplingParams(), ())

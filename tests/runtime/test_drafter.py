@@ -116,7 +116,7 @@ def test_restore_boundary_drops_the_branch(engine):
     d.draft(2)
     before_tree, before_kv = d.tree.copy(), eng.kv_len
     boundary = d.save_boundary()
-    for _ in d.proactive_steps(0.1):
+    for _ in d.proactive_steps():
         pass
     assert eng.kv_len > before_kv
     d.restore_boundary(boundary)
@@ -131,7 +131,7 @@ def test_proactive_branch_first_level_respects_the_budget(engine, roots, width):
     d = Drafter(engine(), TreeParams(depth=1, budget=1, topk=2, width=width, branch_roots=roots))
     d.start([3, 4, 5])
     d.draft(1)
-    for _ in d.proactive_steps(0.1, width=width):
+    for _ in d.proactive_steps(width=width):
         assert len(d.branch_nodes) in (0, len(d.branches)) and len(d.branches) <= (1 if width == 1 else 2 * roots)  # k known, k once leaves are fed
         under = [i for i in range(len(d.tree)) if set(d.branch_nodes).intersection(d.tree.path(i)[:-1])]
         assert len(under) <= 1
@@ -184,7 +184,7 @@ def test_a_lookup_chain_is_fed_whole_in_the_branchs_first_step_and_its_end_can_b
         node = d.tree.child_with(node, t)
         chain.append(node)
     assert all(d.tree.slot[i] < 0 for i in chain)  # D_i as sent: the chain unfed
-    steps = d.proactive_steps(0.1)
+    steps = d.proactive_steps()
     next(steps)
     fed, seen = eng.seen[-1]
     rows = {d.tree.slot[i] - (eng.kv_len - len(fed)): i for i in chain}

@@ -21,7 +21,7 @@ from rapid.runtime.engine_pool import EdgeService
 from rapid.runtime.policies import POLICIES
 from rapid.runtime.session import EdgeSession
 
-TREE = ("policy", "depth", "budget", "topk", "width", "lookup", "min_p", "coupled", "branch_roots", "cost_cut")
+TREE = ("policy", "depth", "budget", "topk", "width", "lookup", "min_p", "coupled", "branch_roots", "branch_decay", "cost_cut")
 
 
 def _parsed(parser: argparse.ArgumentParser, *argv: str) -> EdgeConfig:
@@ -57,6 +57,7 @@ def test_the_python_api_and_the_services_default_to_the_same_draft_policy_and_sa
     (["--max-tokens", "0"], "--max-tokens must be >= 1"), (["--top-p", "0"], "--top-p must be in (0, 1]"),
     (["--children", "0"], "--children must be >= 1"), (["--min-p", "1"], "--min-p must be in [0, 1)"),
     (["--temperature", "nan"], "--temperature must be >= 0"),
+    (["--branch-decay", "0"], "--branch-decay must be in (0, 1]"), (["--branch-decay", "nan"], "--branch-decay must be"),
 ])
 def test_a_bad_value_is_an_option_error_naming_the_flag(argv, says):
     ap = argparse.ArgumentParser()
@@ -72,6 +73,7 @@ def test_flags_follow_the_fields_and_older_spellings_still_parse():
     c = _parsed(ap, "--capacity", "512", "--topk", "3", "--backend", "torch", "--budget", "9", "--no-coupled")
     assert (c.capacity, c.topk, c.engine, c.coupled) == (512, 3, "torch", False)
     assert c.tree().budget == 9 and not c.tree().auto_budget and not c.tree().coupled
+    assert _parsed(ap, "--branch-decay", "1").tree().branch_decay == 1.0  # reaches the drafter's TreeParams
     assert DEFAULT.tree().auto_budget and DEFAULT.sampling().greedy
     with pytest.raises(ValueError, match="unknown option groups"):
         add_edge_args(argparse.ArgumentParser(), "trees")

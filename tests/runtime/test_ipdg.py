@@ -261,3 +261,26 @@ def test_a_hit_on_a_later_root_keeps_that_roots_subtree_with_its_own_kv(tiny_pai
             got = [t for t, _ in d.tree.top[i]]
             assert got == _fresh_top(draft, d.committed + [d.tree.tokens[j] for j in d.tree.path(i)], 2)
     assert eng.kv_len == d.prefix_len + sum(s >= 0 for s in d.tree.slot)
+
+
+def test_each_root_names_the_branch_step_that_feeds_it(tiny_pair):
+    """Roots come in two waves: the outcomes known before the branch (inside D_i) are fed by its
+    first step, those at D_i's leaves by the second. ``branch_landing`` names the wave of the root
+    a verdict lands on (what the branch gate learns from), None for a verdict on no root."""
+    _, drafts = tiny_pair
+    params = TreeParams(2, 12, 2, 2, lookup=0, branch_roots=3, branch_decay=1.0)
+    _, d = drafted(drafts["partial"], params=params)
+    steps = d.proactive_steps()
+    next(steps)
+    assert sorted(set(d.branch_fed_by)) == [0, 1]  # both waves chosen once the first step is handed out
+    fed = [d.tree.slot[n] >= 0 for n in d.branch_nodes]
+    assert fed == [w == 0 for w in d.branch_fed_by]
+    next(steps)
+    assert all(d.tree.slot[n] >= 0 for n in d.branch_nodes)
+    for root, wave in zip(d.branches, d.branch_fed_by, strict=True):
+        path = d.tree.path(root.node) if root.node >= 0 else []
+        assert d.branch_landing(path, root.token) == wave
+    top = d.tree.root_top or []
+    kids = {d.tree.tokens[i] for i in d.tree.children(-1)} | {r.token for r in d.branches if r.node < 0}
+    other = next(t for t in range(256) if t not in kids and t not in [x for x, _ in top])
+    assert d.branch_landing([], other) is None and d.branch_would_hit([], other) is False

@@ -321,7 +321,8 @@ def test_best_tokens_selection_breaks_boundary_ties_by_id():
     assert [t for t, _ in tree.root_top] == [1, 3, 8]  # the four -1.0 tokens are 1, 3, 8, 13, 17
 
 
-@pytest.mark.parametrize("bad", [dict(lookup=-1), dict(lookup_p=0.0), dict(lookup_p=1.5)])
+@pytest.mark.parametrize("bad", [dict(lookup=-1), dict(lookup_p=0.0), dict(lookup_p=1.5), dict(branch_decay=0.0),
+                                 dict(branch_decay=1.5), dict(branch_decay=float("nan"))])
 def test_tree_params_lookup_validation(bad):
     with pytest.raises(ValueError):
         TreeParams(**bad)
