@@ -228,7 +228,9 @@ class Drafter:
             new.append(t.add_node(root.token, root.node, base_depth + 1, root.score))
         rows = sorted(zip(self.branches + roots, self.branch_nodes + new, self.branch_fed_by + [fed_by] * len(roots),
                           strict=True), key=lambda row: -row[0].score)
-        self.branches, self.branch_nodes, self.branch_fed_by = (list(col) for col in zip(*rows, strict=True))
+        self.branches = [r for r, _, _ in rows]  # no rows (no roots at all) leaves three empty lists
+        self.branch_nodes = [n for _, n, _ in rows]
+        self.branch_fed_by = [w for _, _, w in rows]
         return new
 
     def _drop_roots(self) -> None:

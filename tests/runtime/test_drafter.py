@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from rapid.core.acceptance import validate_tree
+from rapid.core.geometry import ROOT
 from rapid.engines.torch_engine import TorchEngine
 from rapid.runtime.drafter import Drafter, StepTimeoutError
 from rapid.runtime.tree import TreeParams
@@ -121,6 +122,20 @@ def test_restore_boundary_drops_the_branch(engine):
     assert eng.kv_len > before_kv
     d.restore_boundary(boundary)
     assert eng.kv_len == before_kv and d.tree.tokens == before_tree.tokens and d.tree.slot == before_tree.slot
+
+
+def test_a_branch_with_no_outcome_known_before_its_first_step_still_runs(engine):
+    """Every token the root's step ranked is already a child (as when a lookup chain takes the
+    slot of the draft's third choice) and no other node is fed: no root can be chosen before the
+    first step, which then feeds the leaves alone and chooses the roots after it."""
+    d = Drafter(engine(), TreeParams(depth=1, budget=6, topk=2, width=2, lookup=0, branch_roots=3, branch_decay=1.0))
+    d.start([3, 4])
+    d.draft(1)
+    third, lp = d.tree.root_top[2]
+    d.tree.add_node(third, ROOT, 1, lp)
+    steps = d.proactive_steps()
+    next(steps)
+    assert d.branches and set(d.branch_fed_by) == {1}  # every root is second-wave: chosen once the leaves were fed
 
 
 @pytest.mark.parametrize("roots, width", [(1, 1), (3, 2)])
