@@ -269,10 +269,10 @@ class Coordinator:
         rec.cloud_s = self.link.arrival(round_id) - t_sent
         if branch_task is not None:
             rec.proactive_steps, rec.interrupted_at = await asyncio.shield(branch_task)
-            rec.proactive_hit = d.branch_hit(list(verdict.path), verdict.bonus)
-            if d.branch_would_hit(list(verdict.path), verdict.bonus) is not None:
-                # judged even when the gate stopped it before its roots were fed
-                self.gate.observe_kept(d.branch_landing(list(verdict.path), verdict.bonus))
+            path = list(verdict.path)
+            rec.proactive_hit = d.branch_hit(path, verdict.bonus)
+            if d.branches:  # roots chosen: judged even when the gate stopped it before they were fed
+                self.gate.observe_kept(d.branch_landing(path, verdict.bonus))
             if not rec.proactive_hit:
                 rec.discarded_steps = rec.proactive_steps
                 d.restore_boundary(boundary)

@@ -306,16 +306,10 @@ class Drafter:
         k = self._hit_root(path, bonus)
         return k is not None and k < len(self.branch_nodes) and self.tree.slot[self.branch_nodes[k]] >= 0
 
-    def branch_would_hit(self, path: list[int], bonus: int) -> bool | None:
-        """Does the verdict land on one of the chosen roots, fed or not (what a branch stopped
-        before its roots were fed would have scored)? None when no root was chosen."""
-        if not self.branches:
-            return None
-        return self._hit_root(path, bonus) is not None
-
     def branch_landing(self, path: list[int], bonus: int) -> int | None:
-        """The branch step that feeds (or would feed) the root the verdict (path, bonus) lands on:
-        0 for the first step, 1 for a later one; None when it lands on no chosen root."""
+        """The branch step that feeds (or would feed) the root the verdict (path, bonus) lands on,
+        fed or not (what a branch stopped before its roots were fed would have scored): 0 for the
+        first step, 1 for a later one; None when it lands on no chosen root."""
         k = self._hit_root(path, bonus)
         return None if k is None else self.branch_fed_by[k]
 
