@@ -102,7 +102,10 @@ class EdgeConfig:
                              f"{AUTO_BUDGET_MIN} (--min-p keeps unlikely nodes out)", type=budget_arg)
     topk: int = _opt(2, "tree", "tree children per expanded node (not sampling's --top-k)", "--children", "--topk")
     width: int = _opt(2, "tree", "nodes expanded per step (best first, at any depth)")
-    lookup: int = _opt(TreeParams().lookup, "tree", "prompt-lookup tokens merged into each tree at no draft step "
+    # 16: vs-ar oasst 3.33 -> 3.75x ar (verdicts took whole 8-token chains in 40 % of its rounds), other
+    # sets 0.99-1.05x of 8; 24 no better (the verify is +25 % at 19 nodes here; Xeon with AMX,
+    # docs/results.md 2026-12-04 night); TreeParams keeps 8 for the tests' exact shapes
+    lookup: int = _opt(16, "tree", "prompt-lookup tokens merged into each tree at no draft step "
                        "(continuations of earlier matches of the last tokens, rapid.runtime.lookup); 0 = off")
     # with the auto budget's floor of 11 nodes: vs-ar bench median 1.83x vs 1.69x without (Zen 5,
     # bf16 row kernels); TreeParams itself has no floor (tests rely on exact shapes)
