@@ -9,6 +9,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from rapid.bench.branch_outcomes import branch_outcome_lines
 from rapid.bench.peer_report import ceiling_lines, peer_lines
 from rapid.bench.plots import make_plots
 from rapid.bench.policy_targets import target_lines
@@ -187,7 +188,7 @@ def write_report(folder: str | Path, plots: bool = True) -> dict[str, Path]:
     lead = EDGE_DEFAULT.policy if any(r["policy"] == EDGE_DEFAULT.policy for r in rows) else "rapid"
     vs_ar = {r["set"]: r["vs_ar"] for r in rat if r["policy"] == lead and r["schedule"] == "none" and "vs_ar" in r}
     L += peer_lines(read_jsonl(folder / "peers.jsonl"), vs_ar, lead) + ceiling_lines(rounds, lead)
-    L += round_time_lines(rounds, lead)
+    L += round_time_lines(rounds, lead) + branch_outcome_lines(rounds, lead)
     pngs = [p for k, p in files.items() if k not in ("summary", "report")]
     if pngs:
         L += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in pngs]

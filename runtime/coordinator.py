@@ -271,6 +271,7 @@ class Coordinator:
             rec.proactive_steps, rec.interrupted_at = await asyncio.shield(branch_task)
             path = list(verdict.path)
             rec.proactive_hit = d.branch_hit(path, verdict.bonus)
+            rec.branch_outcome = d.branch_outcome(path, verdict.bonus)
             if d.branches:  # roots chosen: judged even when the gate stopped it before they were fed
                 self.gate.observe_kept(d.branch_landing(path, verdict.bonus))
             if not rec.proactive_hit:

@@ -36,7 +36,14 @@ from rapid.core.geometry import ROOT, ancestor_mask, causal_allowed, node_positi
 from rapid.core.sampling import SamplingParams, log_softmax
 from rapid.engines.base import DraftEngine, StepHandle
 from rapid.runtime.coupling import coupled_top
-from rapid.runtime.ipdg import ProactiveRoot, VerdictPlan, choose_proactive_roots, plan_verdict
+from rapid.runtime.ipdg import (
+    ProactiveRoot,
+    VerdictPlan,
+    branch_outcome,
+    choose_proactive_roots,
+    landing_root,
+    plan_verdict,
+)
 from rapid.runtime.lookup import LookupStats, lookup_continuations
 from rapid.runtime.transcript import Transcript
 from rapid.runtime.tree import TokenTree, TreeParams, best_tokens
@@ -295,8 +302,7 @@ class Drafter:
 
     def _hit_root(self, path: list[int], bonus: int) -> int | None:
         """Index into ``branches`` of the root the verdict (path, bonus) lands on, if any."""
-        end = path[-1] if path else ROOT
-        return next((k for k, r in enumerate(self.branches) if r.node == end and r.token == bonus), None)
+        return landing_root(self.branches, path, bonus)
 
     def branch_hit(self, path: list[int], bonus: int) -> bool | None:
         """Did the proactive branch guess the verdict (one of its fed roots ends the accepted path
@@ -305,6 +311,10 @@ class Drafter:
             return None
         k = self._hit_root(path, bonus)
         return k is not None and k < len(self.branch_nodes) and self.tree.slot[self.branch_nodes[k]] >= 0
+
+    def branch_outcome(self, path: list[int], bonus: int) -> str:
+        """Where the verdict (path, bonus) landed for this round's branch (``runtime.ipdg.branch_outcome``)."""
+        return branch_outcome(self.tree, self.branches, self.branch_nodes, path, bonus)
 
     def branch_landing(self, path: list[int], bonus: int) -> int | None:
         """The branch step that feeds (or would feed) the root the verdict (path, bonus) lands on,

@@ -88,6 +88,37 @@ def choose_proactive_root(tree: TokenTree, decay: float = 0.1) -> ProactiveRoot 
     return roots[0] if roots else None
 
 
+def landing_root(roots: list[ProactiveRoot], path: list[int], bonus: int) -> int | None:
+    """Index of the root the verdict (path, bonus) lands on: its node ends the path, its token is the bonus."""
+    end = path[-1] if path else ROOT
+    return next((k for k, r in enumerate(roots) if r.node == end and r.token == bonus), None)
+
+
+def branch_outcome(tree: TokenTree, roots: list[ProactiveRoot], root_nodes: list[int], path: list[int],
+                   bonus: int) -> str:
+    """Where the verdict (path, bonus) landed for the branch whose root k is ``roots[k]``, hung in
+    ``tree`` as node ``root_nodes[k]`` (fed once its slot is set), in words the traces count:
+
+        hit       on a fed root (the branch is kept)
+        late      on a chosen root the branch had not fed by the verdict
+        unfed     on a node whose next tokens the draft never computed (no root could be there)
+        rank<r>   on a fed node; the bonus is the r-th best token the draft ranked there that is
+                  not one of the node's drafted children (0 = the best), but no root took it
+        unranked  on a fed node; the bonus is outside the draft's recorded top list
+    """
+    k = landing_root(roots, path, bonus)
+    if k is not None:
+        return "hit" if tree.slot[root_nodes[k]] >= 0 else "late"
+    end = path[-1] if path else ROOT
+    top = tree.root_top if end == ROOT else tree.top[end]
+    if top is None:
+        return "unfed"
+    hung = set(root_nodes)
+    kids = {tree.tokens[j] for j, p in enumerate(tree.parents) if p == end and j not in hung}
+    ranked = [t for t, _ in top if t not in kids]
+    return f"rank{ranked.index(bonus)}" if bonus in ranked else "unranked"
+
+
 @dataclass(slots=True)
 class VerdictPlan:
     emitted: list[int]  # tokens committed by this verdict (path + bonus)

@@ -73,6 +73,9 @@ def test_proactive_policies_reach_depth_8_as_fast_as_caac(tiny_pair):
             recs = gen.records[:16]
             assert all(r.accepted == r.depth and r.eta == 1.0 for r in recs), policy.name
             depth_runs[policy.name] = [r.depth for r in recs]
+            # the outcome the traces count says "hit" exactly when the branch was kept
+            assert all((r.branch_outcome == "hit") == bool(r.proactive_hit) for r in gen.records)
+            assert all(r.branch_outcome is None for r in gen.records) == (not policy.proactive)
             if policy is adaptive_npdg:
                 assert all(r.proactive_hit for r in recs), [r.proactive_hit for r in recs]
                 assert [r.draft_steps for r in recs[1:]] == [0] * 15  # the branch drafted it all

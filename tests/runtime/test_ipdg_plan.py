@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from rapid.runtime.ipdg import (
     ProactiveRoot,
+    branch_outcome,
     choose_proactive_root,
     choose_proactive_roots,
     plan_verdict,
@@ -137,6 +138,28 @@ def test_choose_proactive_root_skips_existing_children():
     tree.top[0] = [(3, -0.5)]
     assert choose_proactive_root(tree) == ProactiveRoot(0, 3, pytest.approx(-1.5))
     assert choose_proactive_root(TokenTree()) is None
+
+
+def test_branch_outcome_names_where_each_verdict_lands():
+    #   ROOT ─ 0 (5, fed) ─ 1 (7, unfed leaf)       root_top 5, 6, 4; node 0's top 7, 8, 9, 3
+    #      roots hung by the branch: (0, 8) as node 2, fed; (ROOT, 6) as node 3, not yet fed
+    def sent_tree() -> TokenTree:
+        t = node_tree([(5, ROOT, 0, -0.1), (7, 0, -1, -0.3)], root_top=[(5, -0.1), (6, -1.0), (4, -2.0)])
+        t.top[0] = [(7, -0.2), (8, -0.9), (9, -2.0), (3, -3.0)]
+        return t
+
+    tree = sent_tree()
+    roots = [ProactiveRoot(0, 8, -1.0), ProactiveRoot(ROOT, 6, -1.0)]
+    nodes = [tree.add_node(8, 0, 2, -1.0), tree.add_node(6, ROOT, 1, -1.0)]
+    tree.slot[nodes[0]] = 1
+    assert branch_outcome(tree, roots, nodes, [0], 8) == "hit"
+    assert branch_outcome(tree, roots, nodes, [], 6) == "late"
+    assert branch_outcome(tree, roots, nodes, [0, 1], 2) == "unfed"  # the leaf's next tokens unknown
+    # ranks skip the node's drafted child (7) but not a root's token (8): 9 is the second token offered
+    assert branch_outcome(tree, roots, nodes, [0], 9) == "rank1"
+    assert branch_outcome(tree, roots, nodes, [], 4) == "rank1"  # root_top: 5 is a child, 6 rank 0
+    assert branch_outcome(tree, roots, nodes, [0], 42) == "unranked"
+    assert branch_outcome(sent_tree(), [], [], [0], 8) == "rank0"  # no roots: where one would have been
 
 
 @pytest.mark.parametrize("decay", [0.0, -0.5, 1.5, float("nan")])
