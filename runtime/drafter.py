@@ -306,11 +306,8 @@ class Drafter:
 
     def branch_hit(self, path: list[int], bonus: int) -> bool | None:
         """Did the proactive branch guess the verdict (one of its fed roots ends the accepted path
-        and carries the bonus)? None when no root was fed this round."""
-        if not self.branch_nodes:
-            return None
-        k = self._hit_root(path, bonus)
-        return k is not None and k < len(self.branch_nodes) and self.tree.slot[self.branch_nodes[k]] >= 0
+        and carries the bonus)? None when no root was chosen this round."""
+        return self.branch_outcome(path, bonus) == "hit" if self.branch_nodes else None
 
     def branch_outcome(self, path: list[int], bonus: int) -> str:
         """Where the verdict (path, bonus) landed for this round's branch (``runtime.ipdg.branch_outcome``)."""
