@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
+from rapid.bench.md_table import md_table
+
 COLUMNS = ("hit", "late", "unfed", "rank0", "rank1", "rank2+", "unranked")
 
 
@@ -63,10 +65,7 @@ def branch_outcome_lines(rounds: list[dict], policy: str) -> list[str]:
     L = ["", f"## Where the verdicts landed for the proactive branch ({policy}; `rapid.bench.branch_outcomes`)", "",
          "hit: kept; late: on a root not fed yet; unfed: on a node the draft never fed (no root could be "
          "there); rank r: on a fed node, the bonus the draft's r-th best token there, not taken as a root; "
-         "unranked: outside the draft's recorded top list.", "",
-         "| schedule | set | rounds | " + " | ".join(COLUMNS) + " | whole tree accepted | of which kept |",
-         "|---|---|---|" + "---|" * len(COLUMNS) + "---|---|"]
-    for r in rows:
-        L.append(f"| {r.schedule} | {r.set} | {r.rounds} | " + " | ".join(f"{r.share[c]:.2f}" for c in COLUMNS)
-                 + f" | {r.whole:.2f} | {r.whole_kept:.2f} |")
-    return L
+         "unranked: outside the draft's recorded top list.", ""]
+    return L + md_table(["schedule", "set", "rounds", *COLUMNS, "whole tree accepted", "of which kept"],
+                        ([r.schedule, r.set, r.rounds, *(f"{r.share[c]:.2f}" for c in COLUMNS), f"{r.whole:.2f}",
+                          f"{r.whole_kept:.2f}"] for r in rows))

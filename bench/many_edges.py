@@ -32,6 +32,7 @@ import urllib.request
 from pathlib import Path
 
 from rapid import models
+from rapid.bench.md_table import md_table
 from rapid.bench.prompts import load_sets, pick
 from rapid.core.procs import free_port, split_cores, start_server, stop_server
 from rapid.core.sampling import SamplingParams
@@ -137,12 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="also write the result as JSON here")
     a = ap.parse_args(argv)
     result = run([int(x) for x in a.edges.split(",")], a.max_tokens, a.repeats, a.target, a.draft)
-    print("| edges | policy | aggregate tok/s | per-edge tok/s | ms/token p50 | p99 | per forward: trees | rows | ms |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in result["rows"]:
-        print(f"| {r['edges']} | {r['policy']} | {r['aggregate_tok_s']} | {r['per_edge_tok_s']} | "
-              f"{r['p50_ms_per_token']} | {r['p99_ms_per_token']} | {r['trees_per_forward']} | "
-              f"{r['rows_per_forward']} | {r['ms_per_forward']} |")
+    keys = ("edges", "policy", "aggregate_tok_s", "per_edge_tok_s", "p50_ms_per_token", "p99_ms_per_token",
+            "trees_per_forward", "rows_per_forward", "ms_per_forward")
+    print("\n".join(md_table(["edges", "policy", "aggregate tok/s", "per-edge tok/s", "ms/token p50", "p99",
+                               "per forward: trees", "rows", "ms"], ([r[k] for k in keys] for r in result["rows"]))))
     print(f"identical to ar on every prompt: {'yes' if result['identical'] else 'NO'}")
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1))

@@ -21,6 +21,8 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
+from rapid.bench.md_table import cell, md_table
+
 PEER_RATIOS = (("hf-assisted", "hf-plain"), ("hf-lookup", "hf-plain"))
 
 
@@ -57,9 +59,8 @@ def peer_lines(peers: list[dict], rapid_vs_ar: dict[str, float], policy: str = "
     pr = peer_ratios(peers)
     L = ["", "## Peers: each one's ratio to its own target-alone run", "",
          "HF transformers on the same prompts, pair (PyTorch draft) and dtype, greedy, 1 thread, on the "
-         "cloud's core (`rapid.bench.peers`).", "",
-         f"| set | {policy}/ar | hf-assisted/hf-plain | same tokens | hf-lookup/hf-plain | same tokens | rapid ahead |",
-         "|---|---|---|---|---|---|---|"]
+         "cloud's core (`rapid.bench.peers`).", ""]
+    rows = []
     for pset in sorted(set(pr) | set(rapid_vs_ar)):
         mine = rapid_vs_ar.get(pset)
         cells, ahead = [], mine is not None
@@ -67,9 +68,9 @@ def peer_lines(peers: list[dict], rapid_vs_ar: dict[str, float], policy: str = "
             v = pr.get(pset, {}).get(method)
             cells += ["-", "-"] if v is None else [f"{v[0]:.2f}", f"{v[1]}/{v[2]}"]
             ahead = ahead and (v is None or mine > v[0])
-        L.append(f"| {pset} | {'-' if mine is None else f'{mine:.2f}'} | " + " | ".join(cells)
-                 + f" | {'yes' if ahead else 'no'} |")
-    return L
+        rows.append([pset, cell(mine, ".2f"), *cells, "yes" if ahead else "no"])
+    return L + md_table(["set", f"{policy}/ar", "hf-assisted/hf-plain", "same tokens", "hf-lookup/hf-plain",
+                         "same tokens", "rapid ahead"], rows)
 
 
 def ceiling_rows(rounds: list[dict], policy: str = "rapid") -> list[dict]:
@@ -102,11 +103,9 @@ def ceiling_lines(rounds: list[dict], policy: str = "rapid") -> list[str]:
     rows = ceiling_rows(rounds, policy)
     if not rows:
         return []
-    L = ["", f"## Where the accepted length stops ({policy}'s rounds, no load)", "",
-         "| set | accepted / round | tokens / verify | nodes sent | verify ms | T=1 verify ms | ideal (tree depth) "
-         "| steps / round | draft ms / round |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        t1 = "-" if r["t1_ms"] is None else f"{r['t1_ms']:.0f}"
-        L.append(f"| {r['set']} | {r['accepted']:.2f} | {r['per_verify']:.2f} | {r['nodes']:.0f} | "
-                 f"{r['verify_ms']:.0f} | {t1} | {r['ideal']:.2f} | {r['steps']:.2f} | {r['draft_ms']:.0f} |")
-    return L
+    L = ["", f"## Where the accepted length stops ({policy}'s rounds, no load)", ""]
+    return L + md_table(["set", "accepted / round", "tokens / verify", "nodes sent", "verify ms", "T=1 verify ms",
+                         "ideal (tree depth)", "steps / round", "draft ms / round"],
+                        ([r["set"], f"{r['accepted']:.2f}", f"{r['per_verify']:.2f}", f"{r['nodes']:.0f}",
+                          f"{r['verify_ms']:.0f}", cell(r["t1_ms"], ".0f"), f"{r['ideal']:.2f}", f"{r['steps']:.2f}",
+                          f"{r['draft_ms']:.0f}"] for r in rows))

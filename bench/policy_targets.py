@@ -20,6 +20,8 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
+from rapid.bench.md_table import md_table
+
 ABLATION = ("fixed", "ipdg", "caac", "rapid", "rapid-cost")  # each step adds one mechanism
 ABLATION_LABELS = {"fixed": "fixed", "ipdg": "+IPDG", "caac": "+CAAC (no IPDG)", "rapid": "RAPID (both)",
                    "rapid-cost": "rapid-cost"}
@@ -121,9 +123,9 @@ def _regime_lines(rows: list[dict], default: str, slack: float = 0.03) -> list[s
         return []
     n, best, near = len(fast), sum(c["is_fastest"] for c in fast), sum(c["near"] for c in fast)
     L = ["", f"## The default policy (`{default}`) against the fastest measured policy, under load", "",
-         f"fastest in {best} of {n} cells, within {slack:.0%} in {near} of {n}", "",
-         "| profile | schedule | set | fastest | default / fastest |", "|---|---|---|---|---|"]
-    return L + [f"| {c['profile']} | {c['schedule']} | {c['set']} | {c['fastest']} | {c['ratio']:.2f} |" for c in fast]
+         f"fastest in {best} of {n} cells, within {slack:.0%} in {near} of {n}", ""]
+    return L + md_table(["profile", "schedule", "set", "fastest", "default / fastest"],
+                        ([c["profile"], c["schedule"], c["set"], c["fastest"], f"{c['ratio']:.2f}"] for c in fast))
 
 
 def target_lines(rows: list[dict], default: str) -> list[str]:
@@ -132,17 +134,18 @@ def target_lines(rows: list[dict], default: str) -> list[str]:
     checks = count_checks(rows, count_targets(default))
     L: list[str] = []
     if checks:
-        L += ["", "## Targets over prompt sets", "",
-              "| profile | schedule | ratio | per set | sets reaching it | target | |", "|---|---|---|---|---|---|---|"]
+        table = []
         for c in checks:
             t = c["target"]
             per = ", ".join(f"{s} {v:.2f}" for s, v in c["per_set"].items())
             want = "every set" if t.need is None else f"{t.need} sets"
-            L.append(f"| {c['profile']} | {t.schedule} | {t.policy}/{t.base} ≥ {t.ratio:g} | {per} | "
-                     f"{c['reached']}/{len(c['per_set'])} | {want} | {'met' if c['met'] else 'missed'} |")
+            table.append([c["profile"], t.schedule, f"{t.policy}/{t.base} ≥ {t.ratio:g}", per,
+                         f"{c['reached']}/{len(c['per_set'])}", want, "met" if c["met"] else "missed"])
+        L += ["", "## Targets over prompt sets", "",
+              *md_table(["profile", "schedule", "ratio", "per set", "sets reaching it", "target", "verdict"], table)]
     abl = ablation(rows)
     if abl:
         L += ["", "## Ablation under sustained contention (macro mean over sets)", "",
-              "| profile | policy | sets | tok/s | vs fixed |", "|---|---|---|---|---|"]
-        L += [f"| {a['profile']} | {a['label']} | {a['sets']} | {a['tok_s']:.2f} | {a['gain']:.2f} |" for a in abl]
+              *md_table(["profile", "policy", "sets", "tok/s", "vs fixed"],
+                        ([a["profile"], a["label"], a["sets"], f"{a['tok_s']:.2f}", f"{a['gain']:.2f}"] for a in abl))]
     return L + _regime_lines(rows, default)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rapid.bench.calibration import Calibration
 from rapid.bench.contention import parse_schedule
+from rapid.bench.md_table import md_table
 from rapid.bench.presets import NET_PROFILES, SCHEDULES, apply_preset, net_profile, parse_presets
 from rapid.bench.sim import ORACLE, ORACLE_LOAD, simulate
 from rapid.runtime.policies import POLICIES
@@ -91,16 +92,14 @@ def presets_md(res: dict) -> str:
          f"- acceptance replayed per prompt set from {res['traces']}", "",
          "## Every policy against the oracles (mean over prompt sets × schedules; worst cell in brackets)", "",
          "Each policy cell: fraction of `oracle-load` (worst), then of `oracle`.", "",
-         "| preset | RTT | oracle tok/s | oracle-load / oracle | " + " | ".join(pols) + " |",
-         "|---|---|---|---|" + "---|" * len(pols)]
-    for r in summary_rows(res):
-        L.append(f"| {r['preset']} | {r['profile']} | {r['oracle_tok_s']:.3g} | {r['load_vs_oracle']:.2f} | "
-                 + " | ".join(f"{v['load_mean']:.2f} ({v['load_min']:.2f}); {v['oracle_mean']:.2f}"
-                              for v in (r["pol"][p] for p in pols)) + " |")
+         *md_table(["preset", "RTT", "oracle tok/s", "oracle-load / oracle", *pols],
+                   ([r["preset"], r["profile"], f"{r['oracle_tok_s']:.3g}", f"{r['load_vs_oracle']:.2f}",
+                     *(f"{v['load_mean']:.2f} ({v['load_min']:.2f}); {v['oracle_mean']:.2f}"
+                       for v in (r["pol"][p] for p in pols))] for r in summary_rows(res)))]
     L += ["", "## Where the time goes (mean over prompt sets, per schedule)", "",
           "Per reference / policy: tok/s, mean depth, accepted per round, ms per round, kept branches per round.", ""]
     names = [*REFS, *pols]
-    L += ["| preset | RTT | schedule | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
+    rows = []
     for preset in res["presets"]:
         for prof in res["profiles"]:
             for sched in res["schedules"]:
@@ -109,15 +108,16 @@ def presets_md(res: dict) -> str:
                 def f(n: str, k: str, cs=cs) -> float:
                     return statistics.fmean(c["stats"][n][k] for c in cs)
 
-                L.append(f"| {preset} | {prof} | {sched} | " + " | ".join(
-                    f"{f(n, 'tok_s'):.3g}; d {f(n, 'depth'):.1f}; a {f(n, 'accepted'):.2f}; "
-                    f"{f(n, 'ms_round'):.0f} ms; k {f(n, 'kept'):.2f}" for n in names) + " |")
-    L += ["", "## Every cell (tok/s; policies as a fraction of oracle-load)", "",
-          "| preset | RTT | schedule | set | oracle | oracle-load | " + " | ".join(pols) + " |",
-          "|---|---|---|---|---|---|" + "---|" * len(pols)]
+                rows.append([preset, prof, sched, *(f"{f(n, 'tok_s'):.3g}; d {f(n, 'depth'):.1f}; a "
+                                                    f"{f(n, 'accepted'):.2f}; {f(n, 'ms_round'):.0f} ms; k {f(n, 'kept'):.2f}"
+                                                    for n in names)])
+    L += md_table(["preset", "RTT", "schedule", *names], rows)
+    L += ["", "## Every cell (tok/s; policies as a fraction of oracle-load)", ""]
+    rows = []
     for c in res["cells"]:
         s = c["stats"]
         ol = s[ORACLE_LOAD]["tok_s"]
-        L.append(f"| {c['preset']} | {c['profile']} | {c['schedule']} | {c['set']} | {s[ORACLE]['tok_s']:.3g} | "
-                 f"{ol:.3g} | " + " | ".join(f"{s[p]['tok_s'] / ol:.2f}" for p in pols) + " |")
+        rows.append([c["preset"], c["profile"], c["schedule"], c["set"], f"{s[ORACLE]['tok_s']:.3g}", f"{ol:.3g}",
+                     *(f"{s[p]['tok_s'] / ol:.2f}" for p in pols)])
+    L += md_table(["preset", "RTT", "schedule", "set", "oracle", "oracle-load", *pols], rows)
     return "\n".join(L) + "\n"

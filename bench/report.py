@@ -10,6 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from rapid.bench.branch_outcomes import branch_outcome_lines
+from rapid.bench.md_table import md_table
 from rapid.bench.peer_report import ceiling_lines, peer_lines
 from rapid.bench.plots import make_plots
 from rapid.bench.policy_targets import target_lines
@@ -200,27 +201,19 @@ def write_report(folder: str | Path, plots: bool = True) -> dict[str, Path]:
 def _result_lines(rows: list[dict], rat: list[dict]) -> list[str]:
     """Per-policy medians, the throughput ratios and the targets they are held to."""
     L = ["", "## Per-policy results (medians)", ""]
-    hdr = ["profile", "schedule", "set", "policy", "runs"] + [h for _, h in METRICS] + ["tok/s min–max"]
-    L.append("| " + " | ".join(hdr) + " |")
-    L.append("|" + "---|" * len(hdr))
-    for r in rows:
-        cells = [r["profile"], r["schedule"], r["set"], r["policy"], str(r["runs"])]
-        cells += [_fmt(r[k]) for k, _ in METRICS] + [f"{r['tok_s_min']:.3g}–{r['tok_s_max']:.3g}"]
-        L.append("| " + " | ".join(cells) + " |")
+    L += md_table(["profile", "schedule", "set", "policy", "runs", *(h for _, h in METRICS), "tok/s min–max"],
+                  ([r["profile"], r["schedule"], r["set"], r["policy"], r["runs"], *(_fmt(r[k]) for k, _ in METRICS),
+                    f"{r['tok_s_min']:.3g}–{r['tok_s_max']:.3g}"] for r in rows))
     L += ["", "## Throughput ratios (median tok/s over the same cell's `fixed` / `npdg` / `ar`)", ""]
-    L.append("| profile | schedule | set | policy | vs fixed | vs npdg | vs ar (target alone) |")
-    L.append("|---|---|---|---|---|---|---|")
-    for r in rat:
-        L.append(f"| {r['profile']} | {r['schedule']} | {r['set']} | {r['policy']} | "
-                 f"{_fmt(r.get('vs_fixed'))} | {_fmt(r.get('vs_npdg'))} | {_fmt(r.get('vs_ar'))} |")
+    L += md_table(["profile", "schedule", "set", "policy", "vs fixed", "vs npdg", "vs ar (target alone)"],
+                  ([r["profile"], r["schedule"], r["set"], r["policy"], _fmt(r.get("vs_fixed")), _fmt(r.get("vs_npdg")),
+                    _fmt(r.get("vs_ar"))] for r in rat))
     tc = target_check(rat) + median_target_check(rat)
     if tc:
-        L += ["", "## Targets (a benchmark, not a test)", "",
-              "| profile | schedule | set | ratio | measured | target | |", "|---|---|---|---|---|---|---|"]
-        for t in tc:
-            verdict = "met" if t["met"] else f"missed by {t['short_by']:.0%}"
-            L.append(f"| {t['profile']} | {t['schedule']} | {t['set']} | {t['ratio']} | {t['value']:.2f} | "
-                     f"≥ {t['goal']:.1f} | {verdict} |")
+        L += ["", "## Targets (a benchmark, not a test)", ""]
+        L += md_table(["profile", "schedule", "set", "ratio", "measured", "target", "verdict"],
+                      ([t["profile"], t["schedule"], t["set"], t["ratio"], f"{t['value']:.2f}", f"≥ {t['goal']:.1f}",
+                        "met" if t["met"] else f"missed by {t['short_by']:.0%}"] for t in tc))
     return L
 
 

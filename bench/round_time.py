@@ -24,6 +24,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
+from rapid.bench.md_table import cell, md_table
 from rapid.bench.traces import group_runs, with_previous
 
 
@@ -77,20 +78,13 @@ def round_times(rounds: list[dict], policy: str) -> list[RoundTime]:
     return out
 
 
-def _f(v: float | None, fmt: str) -> str:
-    return "-" if v is None else format(v, fmt)
-
-
 def round_time_lines(rounds: list[dict], policy: str) -> list[str]:
     rows = round_times(rounds, policy)
     if not rows:
         return []
-    L = ["", f"## Where a round's time goes ({policy}'s rounds, no load; `rapid.bench.round_time`)", "",
-         "| set | branch kept | round ms after kept | round ms after discarded | draft ms after discarded "
-         "| tokens / round | ratio now (rounds) | ratio if every branch kept |",
-         "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        L.append(f"| {r.set} | {r.kept:.2f} | {_f(r.round_kept_ms, '.0f')} | {_f(r.round_missed_ms, '.0f')} | "
-                 f"{_f(r.draft_missed_ms, '.0f')} | {r.tokens:.2f} | {_f(r.ratio_now, '.2f')} | "
-                 f"{_f(r.ratio_if_kept, '.2f')} |")
-    return L
+    L = ["", f"## Where a round's time goes ({policy}'s rounds, no load; `rapid.bench.round_time`)", ""]
+    return L + md_table(["set", "branch kept", "round ms after kept", "round ms after discarded",
+                         "draft ms after discarded", "tokens / round", "ratio now (rounds)", "ratio if every branch kept"],
+                        ([r.set, f"{r.kept:.2f}", cell(r.round_kept_ms, ".0f"), cell(r.round_missed_ms, ".0f"),
+                          cell(r.draft_missed_ms, ".0f"), f"{r.tokens:.2f}", cell(r.ratio_now, ".2f"),
+                          cell(r.ratio_if_kept, ".2f")] for r in rows))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rapid.bench.calibration import calibrate, fit_cloud, fit_prompt_set, load_traces
 from rapid.bench.contention import Schedule, parse_schedule
+from rapid.bench.md_table import md_table
 from rapid.bench.netem import get_profile
 from rapid.bench.plots import _plt
 from rapid.bench.preset_report import default_policies, run_presets
@@ -129,22 +130,22 @@ def _write_sim_md(out: Path, res: dict) -> None:
          "", "## Validation: simulated vs measured throughput (same settings, same tokens per generation)", "",
          "Each prompt set replays its own traces for what depends on the prompt (acceptance, start-up, draft "
          "prefill); the device and network timing model is shared.", "",
-         "| run | tokens | profile | schedule | set | policy | measured tok/s | simulated tok/s | error |",
-         "|---|---|---|---|---|---|---|---|---|"]
-    for v in res["validation"]:
-        L.append(f"| {v['run']} | {v['tokens']} | {v['profile']} | {v['schedule']} | {v['set']} | {v['policy']} | "
-                 f"{v['measured_tok_s']:.3g} | {v['sim_tok_s']:.3g} | {v['error']:+.1%} |")
+         *md_table(["run", "tokens", "profile", "schedule", "set", "policy", "measured tok/s", "simulated tok/s",
+                    "error"],
+                   ([v["run"], v["tokens"], v["profile"], v["schedule"], v["set"], v["policy"],
+                     f"{v['measured_tok_s']:.3g}", f"{v['sim_tok_s']:.3g}", f"{v['error']:+.1%}"]
+                    for v in res["validation"]))]
     errs = [abs(v["error"]) for v in res["validation"] if not math.isnan(v["error"])]
     if errs:
         L.append(f"\nmean |error| {statistics.fmean(errs):.1%}, max {max(errs):.1%} (target ≤ 15 %)")
     L += _policy_lines(res)
     L += ["", "## Many edges, batched verifier replicas (batch time = verify(total nodes); edges spread "
           "evenly over the replicas)", "",
-          "| policy | schedule | replicas | edges | tok/s per edge | total tok/s | cloud utilisation | mean batch |",
-          "|---|---|---|---|---|---|---|---|"]
-    for r in res["scale"]:
-        L.append(f"| {r['policy']} | {r['schedule']} | {r.get('replicas', 1)} | {r['edges']} | "
-                 f"{r['tok_s_per_edge']:.3g} | {r['total_tok_s']:.3g} | {r['cloud_util']:.0%} | {r['mean_batch']:.1f} |")
+          *md_table(["policy", "schedule", "replicas", "edges", "tok/s per edge", "total tok/s", "cloud utilisation",
+                     "mean batch"],
+                    ([r["policy"], r["schedule"], r.get("replicas", 1), r["edges"], f"{r['tok_s_per_edge']:.3g}",
+                      f"{r['total_tok_s']:.3g}", f"{r['cloud_util']:.0%}", f"{r['mean_batch']:.1f}"]
+                     for r in res["scale"]))]
     L += ["", "![scale](scale.png)", ""]
     (out / "sim.md").write_text("\n".join(L), encoding="utf-8")
 
@@ -178,14 +179,13 @@ def _policy_lines(res: dict) -> list[str]:
     L = ["", f"## Policies vs the oracle ({res['tokens']} tokens, {res['seeds']} seeds, no start-up)", "",
           "`oracle` knows the future acceptance, proactive hits and contention; `oracle-load` knows only the "
           "contention (depth = argmax of expected tokens per second under the traced per-token acceptance). "
-          "Policy columns: fraction of `oracle` (and of `oracle-load`).", "",
-          "| profile | schedule | set | oracle tok/s | oracle-load | " + " | ".join(pols) + " |",
-          "|---|---|---|---|---|" + "---|" * len(pols)]
+          "Policy columns: fraction of `oracle` (and of `oracle-load`).", ""]
+    rows = []
     for r in res["policies"]:
         o, ol = r["oracle_tok_s"], r["load_oracle_tok_s"]
         cells = [f"{r['tok_s'][p] / o:.0%} ({r['tok_s'][p] / ol:.0%})" if o and ol else "–" for p in pols]
-        L.append(f"| {r['profile']} | {r['schedule']} | {r['set']} | {o:.3g} | {ol:.3g} ({ol / o:.0%}) | "
-                 + " | ".join(cells) + " |")
+        rows.append([r["profile"], r["schedule"], r["set"], f"{o:.3g}", f"{ol:.3g} ({ol / o:.0%})", *cells])
+    L += md_table(["profile", "schedule", "set", "oracle tok/s", "oracle-load", *pols], rows)
     fr = [(r, r["tok_s"]["rapid"] / r["oracle_tok_s"]) for r in res["policies"]
           if "rapid" in r["tok_s"] and r["oracle_tok_s"]]
     if fr:
