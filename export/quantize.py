@@ -1,17 +1,28 @@
-"""Weight-only quantization of an exported draft: ONNX Runtime ``MatMulNBits`` (int4 / int8).
+"""Quantization of an exported draft's weights for ONNX Runtime on a CPU.
 
 A draft's numerics never change RAPID's output (the cloud decides every token), only how often
 the target accepts a proposal, so the draft may trade accuracy for speed. ``quantize_export``
-rewrites every MatMul with a constant weight of ``DIR/draft.onnx`` as ``MatMulNBits``:
+rewrites every MatMul with a constant weight of ``DIR/draft.onnx``, by scheme:
 
-    W ≈ scale_b · (q - zero),   q ∈ [−2^(bits−1), 2^(bits−1))   per block b of ``block_size``
-                                                                input channels (symmetric)
+- ``int4`` / ``int8``: weight-only ``MatMulNBits``,
 
-``accuracy_level`` 4 computes with int8 activations (AVX512-VNNI / AVX-VNNI / Arm i8mm dot
-products). Measured on a Zen 4 core (1 thread, 128-token prefix) for Qwen2.5-Coder-0.5B: fp32
-ORT 103 ms per one-token step, int8 38 ms, int4 (block 128) 17 ms; T = 8 tree steps 149 / 85 /
-55 ms. The embedding gather and the attention stay fp32, so the graph's I/O is unchanged and
-every backend reads it as before.
+      W ≈ scale_b · (q - zero),   q ∈ [−2^(bits−1), 2^(bits−1))   per block b of ``block_size``
+                                                                  input channels (symmetric)
+
+  ``accuracy_level`` 4 computes with int8 activations (AVX512-VNNI / AVX-VNNI / Arm i8mm dot
+  products). Measured on a Zen 4 core (1 thread, 128-token prefix) for Qwen2.5-Coder-0.5B: fp32
+  ORT 103 ms per one-token step, int8 38 ms, int4 (block 128) 17 ms; T = 8 tree steps 149 / 85 /
+  55 ms.
+- ``int8-dynamic``: ORT's dynamic quantization, ``W ≈ scale_c · q`` per output channel c, and
+  each step's activations quantized to uint8 on the fly (``DynamicQuantizeLinear`` +
+  ``MatMulInteger``, which ORT fuses into ``MatMulIntegerToFloat``): MLAS's u8s8 GEMM, on AMX
+  int8 tiles where the CPU has them. Twice int4's weight bytes, so a one-row step is slower,
+  but the cost per extra row is a fraction of ``MatMulNBits``' (a flat curve for tree steps).
+  Measured on the Intel Xeon with AMX (1 thread, 128-token prefix), steps of T = 1 / 2 / 4 / 8 /
+  16 rows: int4 32 / 38 / 50 / 74 / 120 ms, int8-dynamic 45 / 48 / 53 / 63 / 79 ms.
+
+The embedding gather and the attention stay fp32, so the graph's I/O is unchanged and every
+backend reads it as before.
 
 Parity is stated against the fp32 graph it came from: the top-1 (argmax) agreement over the
 positions of ``HELD_IN_PROMPTS`` plus a greedy continuation, teacher-forced (one forward of the
@@ -35,7 +46,8 @@ from rapid.export.parity import ort_session
 
 log = logging.getLogger("rapid.export")
 
-SCHEMES = {"int4": 4, "int8": 8}
+SCHEMES = {"int4": 4, "int8": 8, "int8-dynamic": 8}  # scheme -> weight bits
+DYNAMIC = "int8-dynamic"  # the one scheme that is not MatMulNBits
 HELD_IN_PROMPTS = (
     'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     "Write a Python function that checks whether a string is a palindrome.",
@@ -55,8 +67,8 @@ class QuantizeError(RapidError):
 @dataclass(slots=True, frozen=True)
 class QuantConfig:
     scheme: str = "int4"  # key of SCHEMES
-    block_size: int = 128  # input channels per scale (a power of two >= 16)
-    accuracy_level: int = 4  # ORT: 4 = int8 activations (VNNI); 0 = unset
+    block_size: int = 128  # input channels per scale (a power of two >= 16; MatMulNBits only)
+    accuracy_level: int = 4  # ORT: 4 = int8 activations (VNNI); 0 = unset (MatMulNBits only)
     symmetric: bool = True
 
     def __post_init__(self) -> None:
@@ -69,8 +81,36 @@ class QuantConfig:
     def bits(self) -> int:
         return SCHEMES[self.scheme]
 
+    @property
+    def op(self) -> str:
+        """The ONNX op the quantized weights feed."""
+        return "MatMulInteger" if self.scheme == DYNAMIC else "com.microsoft.MatMulNBits"
+
+
+def _quantize_dynamic(src: Path, dst: Path) -> None:
+    """int8 weights per output channel, activations quantized per step; attention's MatMuls
+    (no constant weight) stay fp32."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # the quantizer warns on the root logger that it wants shape pre-processing
+    try:
+        quantize_dynamic(src, dst, weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"],
+                         use_external_data_format=True, extra_options={"MatMulConstBOnly": True})
+    finally:
+        root.setLevel(level)
+    model = onnx.load(str(dst), load_external_data=False)
+    if not any(node.op_type == "MatMulInteger" for node in model.graph.node):
+        raise QuantizeError(f"{src} has no MatMul with a constant weight to quantize")
+
 
 def _quantize_graph(src: Path, dst: Path, cfg: QuantConfig) -> None:
+    if cfg.scheme == DYNAMIC:
+        _quantize_dynamic(src, dst)
+        return
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
@@ -117,7 +157,7 @@ def agreement(fp32_session: Any, quant_session: Any, manifest: dict[str, Any], p
 
 
 def quantize_export(export_dir: str | Path, cfg: QuantConfig, tokenizer: Any) -> dict[str, Any]:
-    """Quantize ``DIR/draft.onnx`` in place (fp32 export in, weight-only int4/int8 out); return
+    """Quantize ``DIR/draft.onnx`` in place (fp32 export in, ``cfg.scheme`` out); return
     the manifest's new ``quantization`` entry. ``tokenizer`` encodes ``HELD_IN_PROMPTS``."""
     out = Path(export_dir)
     manifest = load_manifest(out)
@@ -137,7 +177,7 @@ def quantize_export(export_dir: str | Path, cfg: QuantConfig, tokenizer: Any) ->
     for f in staging.iterdir():
         f.rename(out / f.name)
     staging.rmdir()
-    entry = {**asdict(cfg), "bits": cfg.bits, "op": "com.microsoft.MatMulNBits", **stats}
+    entry = {**asdict(cfg), "bits": cfg.bits, "op": cfg.op, **stats}
     manifest["quantization"] = entry
     manifest["files"]["onnx_data"] = ONNX_FILE + ".data" if (out / (ONNX_FILE + ".data")).exists() else None
     write_manifest(out, manifest)

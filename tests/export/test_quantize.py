@@ -39,6 +39,14 @@ def int8_export(fp32_export, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def dynamic_export(fp32_export, tmp_path_factory):
+    out = tmp_path_factory.mktemp("int8-dynamic-export") / "d"
+    shutil.copytree(fp32_export, out)
+    quantize_export(out, QuantConfig("int8-dynamic"), AutoTokenizer.from_pretrained(out))
+    return out
+
+
 def test_manifest_states_parity_against_fp32(int8_export):
     q = load_manifest(int8_export)["quantization"]
     assert q["scheme"] == "int8" and q["bits"] == 8 and q["block_size"] == 32
@@ -47,10 +55,28 @@ def test_manifest_states_parity_against_fp32(int8_export):
     assert not (int8_export / ".quantized").exists()
 
 
-def test_quantized_engine_is_close_to_fp32(fp32_export, int8_export):
+def test_dynamic_scheme_quantizes_weights_not_attention(dynamic_export):
+    import onnx
+
+    q = load_manifest(dynamic_export)["quantization"]
+    assert q["scheme"] == "int8-dynamic" and q["bits"] == 8 and q["op"] == "MatMulInteger"
+    assert q["positions"] > 100 and 0.6 <= q["top1_vs_fp32"] <= 1.0
+    graph = onnx.load(str(dynamic_export / "draft.onnx"), load_external_data=False).graph
+    ops = [n.op_type for n in graph.node]
+    layers = load_manifest(dynamic_export)["architecture"]["layers"]
+    assert ops.count("MatMulInteger") == 7 * layers  # q k v o gate up down per layer (the tiny LM head is tied)
+    weights = {i.name for i in graph.initializer}
+    left = [n for n in graph.node if n.op_type == "MatMul"]
+    assert len(left) >= 2 * layers and not any(n.input[1] in weights for n in left)  # activation products: fp32
+    assert "MatMulNBits" not in ops
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int8-dynamic"])
+def test_quantized_engine_is_close_to_fp32(fp32_export, int8_export, dynamic_export, scheme):
+    quantized = {"int8": int8_export, "int8-dynamic": dynamic_export}[scheme]
     ids = [int(x) for x in np.random.default_rng(0).integers(0, 256, 20)]
     a = OrtEngine(fp32_export, capacity=64, threads=1).step(ids, list(range(20)), causal_allowed(0, 20)).logits()
-    b = OrtEngine(int8_export, capacity=64, threads=1).step(ids, list(range(20)), causal_allowed(0, 20)).logits()
+    b = OrtEngine(quantized, capacity=64, threads=1).step(ids, list(range(20)), causal_allowed(0, 20)).logits()
     assert a.shape == b.shape
     assert np.mean(a.argmax(-1) == b.argmax(-1)) >= 0.6
     assert not np.array_equal(a, b)  # it really is another graph
@@ -65,13 +91,15 @@ def test_refuses_a_quantized_or_bad_config(int8_export):
         QuantConfig("int3")
 
 
-def test_quantized_draft_keeps_output_exact(tiny_pair, int8_export):
+@pytest.mark.parametrize("scheme", ["int8", "int8-dynamic"])
+def test_quantized_draft_keeps_output_exact(tiny_pair, int8_export, dynamic_export, scheme):
     target, _ = tiny_pair
+    quantized = {"int8": int8_export, "int8-dynamic": dynamic_export}[scheme]
     server = BackgroundServer(VerifierServer(target))
     try:
         for policy in ("rapid", "edgellm"):
             for sampling in (SamplingParams(), SamplingParams(temperature=0.9, seed=4)):
-                drafter = Drafter(OrtEngine(int8_export, capacity=256, threads=1), TreeParams(4, 10, 2, 2), (EOS_ID,))
+                drafter = Drafter(OrtEngine(quantized, capacity=256, threads=1), TreeParams(4, 10, 2, 2), (EOS_ID,))
                 coord = Coordinator(drafter, CloudLink(server.url), POLICIES[policy], CoordinatorConfig(depth=4))
                 gen = asyncio.run(coord.generate(list(b"quantized"), 20, sampling))
                 assert gen.tokens == reference_decode(target, list(b"quantized"), 20, sampling, (EOS_ID,))
