@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantize", choices=sorted(SCHEMES), default=None,
-                        help="weight-only MatMulNBits (int4: fastest CPU draft); parity vs fp32 goes in the manifest")
+                        help="int4/int8: weight-only MatMulNBits (int4: fastest CPU draft); int8-dynamic: int8 weights and "
+                             "activations (flat step curve on AMX); parity vs fp32 goes in the manifest")
     parser.add_argument("--quant-block", type=int, default=128, help="input channels per quantization scale")
 
 
@@ -82,7 +83,9 @@ def run_from_args(args: argparse.Namespace) -> int:
         except RapidError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        print(f"quantized to {q['scheme']} (block {q['block_size']}, accuracy level {q['accuracy_level']}): "
+        how = ("per output channel, activations per step" if q["op"] == "MatMulInteger"
+               else f"block {q['block_size']}, accuracy level {q['accuracy_level']}")
+        print(f"quantized to {q['scheme']} ({how}): "
               f"top-1 agreement with fp32 {q['top1_vs_fp32']:.1%} over {q['positions']} positions, "
               f"max|Δlogit| {q['max_abs_diff_vs_fp32']:.3g}")
     if getattr(args, "trt", False):

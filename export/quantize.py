@@ -19,7 +19,8 @@ rewrites every MatMul with a constant weight of ``DIR/draft.onnx``, by scheme:
   int8 tiles where the CPU has them. Twice int4's weight bytes, so a one-row step is slower,
   but the cost per extra row is a fraction of ``MatMulNBits``' (a flat curve for tree steps).
   Measured on the Intel Xeon with AMX (1 thread, 128-token prefix), steps of T = 1 / 2 / 4 / 8 /
-  16 rows: int4 32 / 38 / 50 / 74 / 120 ms, int8-dynamic 45 / 48 / 53 / 63 / 79 ms.
+  16 rows: int4 32-35 / 38-41 / 50-52 / 74-77 / 120-127 ms, int8-dynamic 45-49 / 48-52 / 53-58 /
+  63-72 / 79-87 ms (three runs).
 
 The embedding gather and the attention stay fp32, so the graph's I/O is unchanged and every
 backend reads it as before.
