@@ -14,7 +14,10 @@ Model (one edge; N edges share one cloud in the scale study):
   free), the levels the send cut kept, and, aligned with the match string, the reach of a
   prompt-lookup chain where a traced tree went deeper than it drafted (a simulated round sends
   max(kept levels, reach) levels); a non-interruptible chain branch runs its traced steps, each
-  costing the traced chain-step time.
+  costing the traced chain-step time; an interruptible branch asks the runtime's ``BranchGate``
+  before each step, fed as the coordinator feeds it (step and send→verdict times, and the root
+  wave a verdict lands on: a verdict inside the tree on the first, a fully accepted one on the
+  second; a drawn hit counts only when a step ran).
 
 The SAME policy code decides: the policy flags are the ``rapid.runtime.policies.POLICIES``
 objects, and the depth controller is the one ``rapid.runtime.coordinator.Coordinator`` builds
@@ -45,6 +48,7 @@ from rapid.bench.calibration import Calibration
 from rapid.bench.contention import Schedule
 from rapid.bench.netem import NetProfile
 from rapid.bench.oracle_plan import plan_depth
+from rapid.runtime.branch_gate import BranchGate
 from rapid.runtime.coordinator import CoordinatorConfig, controller_for
 from rapid.runtime.policies import POLICIES, Policy
 
@@ -85,6 +89,7 @@ class _Edge:
         self.policy = POLICIES["rapid"] if isinstance(policy, str) else policy
         # the controller exactly as the runtime's coordinator builds it
         self.ctrl = controller_for(self.policy, config)
+        self.gate = BranchGate()  # as the coordinator's: when an interruptible branch starts a step
         self.cal, self.sched, self.prof = cal, sched, prof
         if cal.warm_controller:  # as rapid bench / the daemon: a baseline learned uncontended
             wr = random.Random(seed * 7 + idx)
@@ -303,13 +308,14 @@ class _Cloud:
         depth, t_send = p["depth"], p["t_send"]
         cap = e.sent_levels(depth)
         a = e.run_len(e.pos, cap) if depth > 0 else 0
-        hit = e.hit(e.pos + a, depth > 0 and a >= cap)
+        full = depth > 0 and a >= cap
+        hit = e.hit(e.pos + a, full)
         e.reused = 0
         kept, end = None, t_arr  # kept: whether a proactive branch ran and was kept
         pol = e.policy
         if pol.proactive and pol.drafting and (not e.oracle or hit):
-            end = _branch(e, t_send, t_arr, a, depth, hit)
-            kept = hit
+            # a verdict inside the tree lands on a first-wave root, a fully accepted one on a leaf's
+            end, kept = _branch(e, t_send, t_arr, a, depth, (1 if full else 0) if hit else None)
         if depth > 0:  # as the coordinator: the link's share of the wait = arrival - send - verify
             e.ctrl.observe_verdict(depth, round(p["nodes"]), p["verify_s"], t_arr - t_send - p["verify_s"], a, kept)
         e.ctrl.observe_round(a, max(depth, 1), t_arr - t_send, e.decision.b_hat)
@@ -330,10 +336,14 @@ def _draw_count(rng: random.Random, mean: float) -> int:
     return int(mean) + (rng.random() < mean - int(mean))
 
 
-def _branch(e, t_send: float, t_arr: float, a: int, depth: int, hit: bool) -> float:
-    """The proactive branch drafted from ``t_send``: interruptible policies stop at the first step
-    boundary after the verdict (``t_arr``); returns when the edge is free for the next round."""
+def _branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int | None) -> tuple[float, bool]:
+    """The proactive branch drafted from ``t_send``: interruptible policies ask the runtime's
+    ``BranchGate`` before each step and stop at the first step boundary after the verdict
+    (``t_arr``). ``landed``: the root wave the verdict lands on (None: no root). Returns when the
+    edge is free for the next round, and whether the branch was kept (a landed root with a step run)."""
     pol = e.policy
+    hit = landed is not None
+    gated = pol.interruptible and not e.oracle  # the oracle stops its planned branch by itself
     if e.load_oracle:
         want = e.load_aware_depth(t_send)
     elif not e.oracle:
@@ -349,22 +359,29 @@ def _branch(e, t_send: float, t_arr: float, a: int, depth: int, hit: bool) -> fl
     while steps < want:
         if pol.interruptible and t >= t_arr:
             break
+        if gated and not e.gate.start(t - t_send, steps):
+            break
         d = e.step_time(t) * e.cal.step_scale(per_step)
         t += d
         steps += 1
         e.ctrl.observe_step(d, per_step)
+        e.gate.observe_step(d)
         if pol.interruptible and t >= t_arr:
             stopped = steps
             break
+    if gated:
+        e.gate.observe_kept(landed)
+        e.gate.observe_cloud(t_arr - t_send)
+    kept = hit and steps > 0
     e.res.branches += 1
     e.res.interrupts += stopped is not None
-    if hit:
+    if kept:
         e.res.hits += 1
         e.reused = steps
     else:
         e.res.discarded += steps
     e.res.draft_steps += steps
-    return max(t_arr, t)
+    return max(t_arr, t), kept
 
 
 def sim_tok_s(policy, cal, sched, prof, tokens, seeds, **kw) -> float:

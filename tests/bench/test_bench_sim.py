@@ -198,3 +198,24 @@ def test_chain_branch_steps_cost_one_token(cal):
     a = sim.simulate(chain, c, s, p, tokens=64, seed=0)["edges"][0]
     b = sim.simulate(tree, c, s, p, tokens=64, seed=0)["edges"][0]
     assert cal.tokens_per_step == 2 and a.wall_s < b.wall_s
+
+
+def test_interruptible_branch_asks_the_runtime_gate(cal, monkeypatch):
+    """As the coordinator: an interruptible branch starts a step only when the runtime's
+    ``BranchGate`` says it pays. With steps far longer than the wait and no branch ever kept, the
+    gate stops it once it knows both times; a branch that never asks runs a step every round."""
+    from dataclasses import replace
+
+    from rapid.runtime.branch_gate import BranchGate
+
+    slow = replace(cal, step_s=[20 * s for s in cal.step_s], hits_by_policy={**cal.hits_by_policy, "rapid": (0.0, 0.0)})
+    args = (policies.POLICIES["rapid"], slow, parse_schedule("none"), get_profile("lan"))
+    e = sim._Edge(0, policies.POLICIES["rapid"], slow, parse_schedule("none"), get_profile("lan"), 16, 0, 0.0, False,
+                  sim.CoordinatorConfig(depth=4))
+    assert type(e.gate) is BranchGate
+    gated = sim.simulate(*args, tokens=64, seed=0)["edges"][0]
+    monkeypatch.setattr(BranchGate, "start", lambda self, elapsed_s, step=1: True)
+    ungated = sim.simulate(*args, tokens=64, seed=0)["edges"][0]
+    assert gated.hits == ungated.hits == 0
+    assert gated.discarded <= 2 < gated.rounds // 2 <= ungated.discarded
+    assert gated.wall_s < ungated.wall_s
