@@ -12,7 +12,7 @@ from rapid.core.errors import RapidError
 from rapid.core.manifest import ONNX_FILE
 from rapid.core.optional import import_optional
 from rapid.export.onnx_export import export_onnx
-from rapid.export.quantize import SCHEMES, QuantConfig, QuantizeError, quantize_export
+from rapid.export.quantize import DYNAMIC, SCHEMES, QuantConfig, QuantizeError, quantize_export
 
 
 def load_export_tokenizer(out: Path):
@@ -40,7 +40,8 @@ def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantize", choices=sorted(SCHEMES), default=None,
                         help="int4/int8: weight-only MatMulNBits (int4: fastest CPU draft); int8-dynamic: int8 weights and "
                              "activations (flat step curve on AMX); parity vs fp32 goes in the manifest")
-    parser.add_argument("--quant-block", type=int, default=128, help="input channels per quantization scale")
+    parser.add_argument("--quant-block", type=int, default=None,
+                        help="input channels per quantization scale, int4/int8 only (default 128)")
 
 
 def _quant_config(args: argparse.Namespace) -> QuantConfig | None:
@@ -51,9 +52,12 @@ def _quant_config(args: argparse.Namespace) -> QuantConfig | None:
     if args.dtype != "fp32":
         raise QuantizeError("--quantize starts from the fp32 graph: drop --dtype fp16")
     if getattr(args, "trt", False):
-        raise QuantizeError("--quantize makes an ONNX Runtime graph (MatMulNBits); TensorRT builds from "
+        raise QuantizeError("--quantize makes an ONNX Runtime graph (MatMulNBits, MatMulInteger); TensorRT builds from "
                             "the fp32/fp16 export: use one of --quantize and --trt")
-    return QuantConfig(scheme, args.quant_block)
+    block = getattr(args, "quant_block", None)
+    if scheme == DYNAMIC and block is not None:
+        raise QuantizeError("int8-dynamic scales each output channel, not blocks of inputs: drop --quant-block")
+    return QuantConfig(scheme) if block is None else QuantConfig(scheme, block)
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -78,6 +82,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         print(f"  parity {name:7s} T={case['T']:<2d} P={case['P']:<2d} max|Δlogit|={case['max_abs_diff']:.3g} "
               f"(bound {case['bound']:.3g}) top1={case['top1_agree']:.2f}")
     if quant is not None:
+        print(f"quantizing to {quant.scheme}, then checking it against fp32 (a 0.5B draft: 1-3 min) ...", flush=True)
         try:
             q = quantize_export(out, quant, load_export_tokenizer(out))
         except RapidError as e:

@@ -108,7 +108,8 @@ def test_quantized_draft_keeps_output_exact(tiny_pair, int8_export, dynamic_expo
 
 
 @pytest.mark.parametrize("extra, why", [(["--trt"], "use one of --quantize and --trt"),
-                                        (["--dtype", "fp16"], "drop --dtype fp16")])
+                                        (["--dtype", "fp16"], "drop --dtype fp16"),
+                                        (["--quantize", "int8-dynamic", "--quant-block", "32"], "drop --quant-block")])
 def test_export_cli_refuses_what_quantization_cannot_honour(tmp_path, capsys, extra, why):
     import argparse
 
