@@ -23,6 +23,7 @@ from rapid.runtime.tree import AUTO_BUDGET_CAP
 @dataclass(slots=True)
 class Calibration:
     step_s: list[float]  # uncontended per-step seconds (samples)
+    step_reference: str = "uncontended rounds"  # where step_s came from (see calibrate)
     slowdown: float = 2.0  # contended / uncontended median step time at intensity cal_intensity
     cal_intensity: float = 1.0
     # per traced schedule (name): the slowdown of steps in rounds that ran wholly under its load
@@ -139,13 +140,19 @@ def _linfit(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 
 def load_traces(folders: list[str | Path]) -> tuple[list[dict], list[dict], dict]:
-    rounds, runs, meta = [], [], {}
+    """Rounds, runs and the first folder's meta; the warm-up rounds of every folder, where
+    recorded (``warmup.jsonl``), as ``meta["warmup_rounds"]``."""
+    rounds, runs, meta, warmup = [], [], {}, []
     for f in folders:
         f = Path(f)
         rounds += read_jsonl(f / "rounds.jsonl")
         runs += read_jsonl(f / "runs.jsonl")
         if (f / "meta.json").exists() and not meta:
             meta = json.loads((f / "meta.json").read_text())
+        if (f / "warmup.jsonl").exists():
+            warmup += read_jsonl(f / "warmup.jsonl")
+    if warmup:
+        meta = {**meta, "warmup_rounds": warmup}
     return rounds, runs, meta
 
 
@@ -156,20 +163,26 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
     scheds = meta.get("schedules", {})
     free, busy, busy_int = [], [], []
     for r in rounds:  # a first round's steps include the draft prefill, modelled apart (prefill_s)
-        if r.get("draft_steps", 0) > 0 and r.get("draft_s", 0) > 0 and r.get("round", 0) > 0:
+        if _steps_timed(r):
             s = r["draft_s"] / r["draft_steps"]
             if r.get("load", 0.0) > 0.5 * _sched_intensity(scheds, r.get("schedule")):
                 busy.append(s)
                 busy_int.append(_sched_intensity(scheds, r.get("schedule")))
             elif r.get("load", 0.0) == 0.0:
                 free.append(s)
+    reference = "uncontended rounds"
+    if not free:  # every recorded round ran loaded: the warm-up's uncontended steps are the reference
+        free = [r["draft_s"] / r["draft_steps"] for r in meta.get("warmup_rounds", []) if _steps_timed(r)]
+        reference = "warm-up rounds (uncontended)"
     traced = {str(r.get("schedule")) for r in rounds}
-    # one loaded schedule and no uncontended round: its own steps are the reference
+    # one loaded schedule and no uncontended step at all (traces from before warmup.jsonl): its
+    # own steps are the reference, and the slowdown against an idle edge is unknown
     own_reference = not free and busy and len(traced) == 1
     if own_reference:
         free, busy = busy, []
-    cal = Calibration(step_s=free or [0.05], depth=int(cfg.get("depth", 4)), budget=_traced_budget(cfg),
-                      tokens_per_step=float(cfg.get("width", 2)))
+        reference = "its own loaded rounds (no uncontended step traced: slowdown unknown)"
+    cal = Calibration(step_s=free or [0.05], step_reference=reference, depth=int(cfg.get("depth", 4)),
+                      budget=_traced_budget(cfg), tokens_per_step=float(cfg.get("width", 2)))
     if own_reference:
         cal.slowdown_by_schedule = {traced.pop(): 1.0}  # ...so simulated under it, at its own speed
     if free and busy:
@@ -202,6 +215,11 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
     cal.chain_step, cal.branch_steps_by_policy = _chain_branch(rounds)
     cal.source = ", ".join(sorted({str(r.get("profile")) for r in runs}))
     return cal
+
+
+def _steps_timed(r: dict) -> bool:
+    """A round whose draft steps were timed on their own (not round 0: it includes the prefill)."""
+    return r.get("draft_steps", 0) > 0 and r.get("draft_s", 0) > 0 and r.get("round", 0) > 0
 
 
 def fit_cloud(cal: Calibration, rounds: list[dict], profiles: dict) -> Calibration:

@@ -10,6 +10,8 @@ Output folder:
     rounds.jsonl   one row per round: RoundRecord fields + run metadata + contention state
     runs.jsonl     one row per generation: telemetry Summary + metadata + token digest
     meta.json      the configuration, the network mode and the machine
+    warmup.jsonl   the warm-up generations' rounds (uncontended; not in the results): the
+                   simulator's uncontended step reference when every recorded round ran loaded
 """
 
 from __future__ import annotations
@@ -228,7 +230,7 @@ def _run_profile(cfg: BenchConfig, m: _Matrix, prof, edge, encoded: dict, load_d
                         out / f"cloud-{prof.name}.log", prefix, cfg.seed, cfg.dtype)
     url = f"ws://{host}:{port}"
     try:
-        ctrls = _warm_up(cfg, m, edge, encoded, url)
+        ctrls = _warm_up(cfg, m, edge, encoded, url, out)
         for sched in m.schedules:
             with LoadProcess(sched, m.edge_cpus, load_device) as load:
                 time.sleep(0.5 if sched.kind != "none" else 0.0)  # the load process imports numpy
@@ -249,9 +251,10 @@ def _run_profile(cfg: BenchConfig, m: _Matrix, prof, edge, encoded: dict, load_d
             netem.teardown(plan)
 
 
-def _warm_up(cfg: BenchConfig, m: _Matrix, edge, encoded: dict, url: str) -> dict:
-    """Warm-up generations (not recorded, no load): first forwards of both models, lazy init, and
-    each carried controller's uncontended latency baseline; returns the carried controllers."""
+def _warm_up(cfg: BenchConfig, m: _Matrix, edge, encoded: dict, url: str, out: Path) -> dict:
+    """Warm-up generations (no load, not in the results; their rounds go to ``warmup.jsonl``):
+    first forwards of both models, lazy init, and each carried controller's uncontended latency
+    baseline; returns the carried controllers."""
     first = next(iter(encoded.values()))[0][1]
     ctrls = ({p.name: controller_for(p, CoordinatorConfig(depth=m.configs[p.name].depth)) for p in m.policies}
              if cfg.carry_controller else {})
@@ -259,7 +262,10 @@ def _warm_up(cfg: BenchConfig, m: _Matrix, edge, encoded: dict, url: str) -> dic
     warm = [p for i, p in enumerate(m.policies) if i == 0 or (cfg.carry_controller and p.adaptive_depth)]
     for pol in warm:
         with EdgeSession(edge, url, policy=pol, tree=m.tree(pol.name), controller=ctrls.get(pol.name)) as session:
-            asyncio.run(session.generate(first, 8 if cfg.carry_controller else 2, m.sampling))
+            gen = asyncio.run(session.generate(first, 8 if cfg.carry_controller else 2, m.sampling))
+        with open(out / "warmup.jsonl", "a", encoding="utf-8") as f:
+            for r in gen.records:
+                f.write(json.dumps({**asdict(r), "schedule": "none", "load": 0.0}) + "\n")
     return ctrls
 
 

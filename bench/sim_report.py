@@ -25,6 +25,8 @@ def run_sim_cli(a) -> int:
     rounds = [r for _, rs, _, _ in per_run for r in rs]
     runs = [r for _, _, us, _ in per_run for r in us]
     meta = next((m for *_, m in per_run if m), {})
+    warmup = [r for *_, m in per_run for r in m.get("warmup_rounds", [])]  # every folder's warm-up
+    meta = {**meta, "warmup_rounds": warmup} if warmup else meta
     if not runs:
         raise SystemExit(f"rapid sim: no runs.jsonl in {a.traces}")
     out = Path(a.out or Path(a.traces[0]) / "sim")
@@ -154,7 +156,8 @@ def _calibration_lines(res: dict) -> list[str]:
     c = res["calibration"]
     return ["# rapid sim report", "",
          f"- calibrated from {res['traces']}" + (" + GPU profile" if c.get("gpu_profile") else ""),
-         f"- edge step (uncontended median) {c['step_s_median']:.4g} s over {c['step_samples']} rounds; contention "
+         f"- edge step (uncontended median) {c['step_s_median']:.4g} s over {c['step_samples']} "
+         f"{c.get('step_reference', 'rounds')}; contention "
          f"slowdown ×{c['slowdown']:.2f} at intensity {c['cal_intensity']:g}"
          + (" (per traced schedule: " + ", ".join(f"{k} ×{v:.2f}" for k, v in c["slowdown_by_schedule"].items())
             + ")" if c.get("slowdown_by_schedule") else ""),

@@ -11,8 +11,8 @@ def test_bench_smoke_end_to_end(tmp_path):
     t0 = time.perf_counter()
     assert main_bench(["--smoke", "--out", str(out), "--no-progress"]) == 0
     assert time.perf_counter() - t0 < 90
-    for f in ("rounds.jsonl", "runs.jsonl", "meta.json", "summary.csv", "report.md", "throughput.png",
-              "controller.png", "timeline.png"):
+    for f in ("rounds.jsonl", "runs.jsonl", "meta.json", "warmup.jsonl", "summary.csv", "report.md",
+              "throughput.png", "controller.png", "timeline.png"):
         assert (out / f).exists() and (out / f).stat().st_size > 0, f
     md = (out / "report.md").read_text()
     assert "vs fixed" in md and "identical tokens on" in md

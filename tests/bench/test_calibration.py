@@ -84,3 +84,22 @@ def test_one_loaded_schedule_is_its_own_reference():
     meta = {"schedules": {"sustained": {"kind": "sustained", "intensity": 1.0}}}
     cal = calibrate(rows, [], meta)
     assert cal.step_s == [0.3] * 19 and cal.slowdown_by_schedule == {"sustained": 1.0}
+    assert cal.step_reference.startswith("its own loaded rounds")
+
+
+def test_warmup_rounds_are_the_reference_of_a_loaded_only_trace(tmp_path):
+    """Sustained load only, but the bench's uncontended warm-up recorded (warmup.jsonl): its steps
+    are the reference, so the schedule's slowdown is measured (0.3 / 0.1 s), not assumed 1."""
+    import json
+
+    rows = [_row(i, accepted=1, schedule="sustained", load=1.0, draft_s=1.2) for i in range(1, 20)]
+    warm = [_row(i, accepted=1) for i in range(0, 6)]  # round 0 (it holds the prefill) is left out
+    meta = {"schedules": {"sustained": {"kind": "sustained", "intensity": 1.0}}}
+    for name, data in (("rounds.jsonl", rows), ("warmup.jsonl", warm), ("runs.jsonl", [])):
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in data))
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    rounds, runs, got = calibration.load_traces([tmp_path])
+    assert rounds == rows and got["warmup_rounds"] == warm
+    cal = calibrate(rounds, runs, got)
+    assert cal.step_s == pytest.approx([0.1] * 5) and cal.step_reference.startswith("warm-up")
+    assert cal.slowdown_by_schedule == {"sustained": pytest.approx(3.0)}
