@@ -138,7 +138,7 @@ def run_bench(cfg: BenchConfig) -> Path:
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("rounds.jsonl", "runs.jsonl", "peers.jsonl"):
+    for name in ("rounds.jsonl", "runs.jsonl", "peers.jsonl", "warmup.jsonl"):  # appended to below
         (out / name).unlink(missing_ok=True)
     m = _Matrix.of(cfg)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
