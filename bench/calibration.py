@@ -190,8 +190,7 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
         cal.cal_intensity = statistics.median(busy_int)
         full: dict[str, list[float]] = defaultdict(list)
         for r in rounds:
-            if r.get("draft_steps", 0) > 0 and r.get("round", 0) > 0 and r.get("load", 0.0) >= 0.999 * \
-                    _sched_intensity(scheds, r.get("schedule")):
+            if _steps_timed(r) and r.get("load", 0.0) >= 0.999 * _sched_intensity(scheds, r.get("schedule")):
                 full[str(r.get("schedule"))].append(r["draft_s"] / r["draft_steps"])
         cal.slowdown_by_schedule = {k: max(1.0, statistics.median(v) / statistics.median(free))
                                     for k, v in full.items() if len(v) >= 10}
