@@ -48,7 +48,7 @@ from rapid.bench.calibration import Calibration
 from rapid.bench.contention import Schedule
 from rapid.bench.netem import NetProfile
 from rapid.bench.oracle_plan import plan_depth
-from rapid.runtime.branch_gate import BranchGate
+from rapid.runtime.branch_gate import WAVES, BranchGate
 from rapid.runtime.coordinator import CoordinatorConfig, controller_for
 from rapid.runtime.policies import POLICIES, Policy
 
@@ -370,7 +370,8 @@ def _branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int | No
             stopped = steps
             break
     if gated:
-        e.gate.observe_kept(landed)
+        e.gate.observe_kept(landed, WAVES if steps else 1)  # as the coordinator: a branch never
+        # started has no second wave
         e.gate.observe_cloud(t_arr - t_send)
     kept = hit and steps > 0
     e.res.branches += 1

@@ -19,7 +19,9 @@ the outcomes known before it (a verdict stopping inside D_i), the second the out
 leaves, known once the first step has fed them. So the first step's ``p`` counts the first wave
 only, a later step's both: a first step whose own roots are rarely right does not run past the
 verdict on the strength of roots only a second step would feed (on a slow edge under load, with
-three roots, that overran every round by ~30 ms and kept nothing). Once ``t >= T`` (the verdict
+three roots, that overran every round by ~30 ms and kept nothing). A branch stopped before its
+first step is judged too, on its first wave (chosen before the gate is asked): otherwise a few
+early misses would close the gate for good, with nothing left to reopen it. Once ``t >= T`` (the verdict
 is overdue) the overlap term is 0, so only a certain branch (p = 1) starts another step. Until a
 cloud time and a step time are known every step starts (the paper's IPDG).
 
@@ -61,10 +63,12 @@ class BranchGate:
         if seconds > 0.0:
             self.step_s = self._ema(self.step_s, seconds)
 
-    def observe_kept(self, landed: int | None) -> None:
+    def observe_kept(self, landed: int | None, waves: int = WAVES) -> None:
         """A branch was judged: the verdict landed on a root of wave ``landed`` (0: fed by the
-        first step, 1: by a later one), or on none (None)."""
-        for wave, old in enumerate(self.p_kept):
+        first step, 1: by a later one), or on none (None). ``waves``: how many waves had their
+        roots chosen (1 when the branch was stopped before its first step, which chooses the
+        second wave); only those waves learn."""
+        for wave, old in enumerate(self.p_kept[:waves]):
             x = 1.0 if landed is not None and landed <= wave else 0.0
             self.p_kept[wave] = x if old < 0.0 else old + self.alpha * (x - old)
 

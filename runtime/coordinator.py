@@ -40,7 +40,7 @@ from rapid.core.acceptance import finish
 from rapid.core.sampling import SamplingParams
 from rapid.core.wire import Hello
 from rapid.engines.base import DraftEngine
-from rapid.runtime.branch_gate import BranchGate
+from rapid.runtime.branch_gate import WAVES, BranchGate
 from rapid.runtime.budget import settle_cloud, settle_draft
 from rapid.runtime.caac import CAAC, CAACConfig, FixedDepth
 from rapid.runtime.cost_caac import CostAwareCAAC
@@ -273,7 +273,7 @@ class Coordinator:
             rec.proactive_hit = d.branch_hit(path, verdict.bonus)
             rec.branch_outcome = d.branch_outcome(path, verdict.bonus)
             if d.branches:  # roots chosen: judged even when the gate stopped it before they were fed
-                self.gate.observe_kept(d.branch_landing(path, verdict.bonus))
+                self.gate.observe_kept(d.branch_landing(path, verdict.bonus), WAVES if rec.proactive_steps else 1)
             if not rec.proactive_hit:
                 rec.discarded_steps = rec.proactive_steps
                 d.restore_boundary(boundary)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from rapid.core.errors import RapidError
@@ -326,9 +326,9 @@ class Drafter:
         self.engine.truncate(b.kv_len)
         self._drop_roots()
 
-    def proactive_steps(self, width: int | None = None):
-        """Yield complete proactive expansion steps one at a time (the caller checks feedback
-        between them and simply stops iterating to interrupt).
+    def proactive_steps(self, width: int | None = None) -> Iterator[StepRecord]:
+        """The proactive expansion steps, one at a time (the caller checks feedback between them
+        and simply stops iterating to interrupt).
 
         Step 0 feeds, in one forward, the best unfed nodes of D_i (their next tokens become
         known; a prompt-lookup chain below one of them whole, ``TokenTree.with_chains``, so that
@@ -339,6 +339,10 @@ class Drafter:
         chosen yet are fed as roots too (a chain branch, ``width`` = 1, has only this one root,
         k = 1); then the best ``width`` nodes below any root per step, best first by score, so
         the likelier roots grow deeper.
+
+        The first wave of roots is chosen here, before any step is asked for: a branch that the
+        caller stops before its first step (``runtime.branch_gate``) is still judged on them, so
+        the gate keeps learning how often they would have been kept.
         """
         self._branch_width = width or self.params.width
         k = 1 if width == 1 else self.params.branch_roots
@@ -348,6 +352,10 @@ class Drafter:
         chain = width == 1 and bool(leaves)  # its one root is chosen once the leaves are known
         early = [] if chain else self._add_roots(
             choose_proactive_roots(self.tree, self.params.branch_decay, k, self.params.floor, sent), 0)
+        return self._branch_steps(early, leaves, k, sent)
+
+    def _branch_steps(self, early: list[int], leaves: list[int], k: int, sent: int) -> Iterator[StepRecord]:
+        """``proactive_steps``' steps once the first wave (``early``) is chosen."""
         rec = self._grow_branch(early, leaves) if leaves or early else None
         late: list[int] = []
         if leaves:  # chosen before step 0 is handed out: the branch's best root is then known

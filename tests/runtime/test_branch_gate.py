@@ -3,16 +3,23 @@ coordinator asking it before every branch step of a real (tiny) draft."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_ipdg import CountingEngine, FlagLink  # noqa: E402  (beside this file)
 
+from rapid.core.sampling import SamplingParams
 from rapid.runtime.branch_gate import BranchGate
 from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
 from rapid.runtime.drafter import Drafter
 from rapid.runtime.policies import POLICIES
+from rapid.runtime.link import CloudLink
 from rapid.runtime.tree import TreeParams
+from rapid.server.app import VerifierServer
+from rapid.server.background import BackgroundServer
+from rapid.server.target import reference_decode
 from rapid.tiny import EOS_ID
 
 
@@ -63,6 +70,15 @@ def test_the_first_step_counts_only_the_roots_it_feeds():
     assert g.p(0) == pytest.approx(0.3) and g.p(1) == 1.0
 
 
+def test_a_branch_stopped_before_its_first_step_teaches_only_the_first_wave():
+    """Its second wave was never chosen (the first step chooses it), so only p(0) learns."""
+    g = gate(0.25, 0.3, None)
+    g.observe_kept(None, waves=1)
+    assert g.p_kept == [0.0, -1.0]
+    g.observe_kept(0, waves=1)
+    assert g.p(0) == pytest.approx(0.3) and g.p(1) == g.prior
+
+
 @settings(max_examples=200, deadline=None)
 @given(cloud=st.floats(0.001, 2.0), step=st.floats(0.001, 2.0), p=st.floats(0.0, 1.0), t=st.floats(0.0, 3.0),
        later=st.floats(0.0, 1.0), more=st.floats(0.0, 0.5))
@@ -94,3 +110,26 @@ def test_the_coordinator_asks_the_gate_before_every_interruptible_branch_step(ti
     steps, interrupted = coord._branch(3, None, coord.clock())
     assert interrupted is None
     assert (steps > 0) == runs and eng.calls - before == steps
+
+
+def test_a_closed_gate_still_judges_the_first_wave_so_it_can_reopen(tiny_pair):
+    """Real verifier on loopback; a gate that will not start a step (100 s steps, a cloud of a
+    few ms). Every round's first-wave roots are chosen before the gate is asked, so each verdict
+    still updates p(0) (before, a branch stopped at step 0 had no roots: p froze where a few
+    early misses left it and the gate never opened again); p(1), whose roots only a step
+    chooses, learns nothing; the tokens are the target's."""
+    target, drafts = tiny_pair
+    server = BackgroundServer(VerifierServer(target))
+    d = Drafter(CountingEngine(drafts["partial"], capacity=512), TreeParams(3, 10, 2, 2, branch_roots=2), (EOS_ID,))
+    coord = Coordinator(d, CloudLink(server.url), POLICIES["ipdg"], CoordinatorConfig(depth=3))
+    coord.gate = gate(0.001, 100.0, 0.5)  # p*T >= (1-p)(s-T) needs p > 0.9999: ~26 landings in a row
+    prompt = list(b"abc def abc")
+    try:
+        gen = asyncio.run(coord.generate(prompt, 24, SamplingParams()))
+    finally:
+        server.close()
+    assert gen.tokens == reference_decode(target, prompt, 24, SamplingParams(), (EOS_ID,))
+    judged = [r for r in gen.records if r.proactive_hit is not None]
+    assert len(judged) >= 2 and all(r.proactive_steps == 0 for r in gen.records)
+    assert coord.gate.p_kept[0] != 0.5 and coord.gate.p_kept[1] == 0.5
+    assert all(r.branch_outcome != "hit" for r in judged)
