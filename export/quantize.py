@@ -82,6 +82,14 @@ class QuantConfig:
     def bits(self) -> int:
         return SCHEMES[self.scheme]
 
+    def recorded(self) -> dict[str, Any]:
+        """The settings that shape the graph: the manifest's record, and what a cached export must
+        match (``block_size`` and ``accuracy_level`` are MatMulNBits' alone)."""
+        d = asdict(self)
+        if self.scheme == DYNAMIC:
+            del d["block_size"], d["accuracy_level"]
+        return d
+
     @property
     def op(self) -> str:
         """The ONNX op the quantized weights feed."""
@@ -178,7 +186,7 @@ def quantize_export(export_dir: str | Path, cfg: QuantConfig, tokenizer: Any) ->
     for f in staging.iterdir():
         f.rename(out / f.name)
     staging.rmdir()
-    entry = {**asdict(cfg), "bits": cfg.bits, "op": cfg.op, **stats}
+    entry = {**cfg.recorded(), "bits": cfg.bits, "op": cfg.op, **stats}
     manifest["quantization"] = entry
     manifest["files"]["onnx_data"] = ONNX_FILE + ".data" if (out / (ONNX_FILE + ".data")).exists() else None
     write_manifest(out, manifest)
@@ -196,7 +204,7 @@ def ensure_quantized_export(model: str, out_dir: str | Path, cfg: QuantConfig, p
     try:
         m = load_manifest(out)
         q = m.get("quantization") or {}
-        if m["model"].get("spec") == model and all(q.get(k) == v for k, v in asdict(cfg).items()):
+        if m["model"].get("spec") == model and all(q.get(k) == v for k, v in cfg.recorded().items()):
             return out
     except RapidError:
         pass

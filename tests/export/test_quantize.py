@@ -60,6 +60,7 @@ def test_dynamic_scheme_quantizes_weights_not_attention(dynamic_export):
 
     q = load_manifest(dynamic_export)["quantization"]
     assert q["scheme"] == "int8-dynamic" and q["bits"] == 8 and q["op"] == "MatMulInteger"
+    assert "block_size" not in q and "accuracy_level" not in q  # MatMulNBits' settings: not this graph's
     assert q["positions"] > 100 and 0.6 <= q["top1_vs_fp32"] <= 1.0
     graph = onnx.load(str(dynamic_export / "draft.onnx"), load_external_data=False).graph
     ops = [n.op_type for n in graph.node]
