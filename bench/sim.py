@@ -279,7 +279,8 @@ class _Cloud:
         elif not e.policy.drafting:
             depth = 0
         else:
-            depth = max(1, min(e.decision.depth, e.target - e.pos), e.reused)
+            depth = max(min(e.decision.depth, e.target - e.pos), e.reused)
+            depth = depth if e.decision.depth == 0 else max(1, depth)  # 0: a round that drafts nothing
         t = now
         if e.prefill and e.policy.drafting:  # the draft prefill runs inside the first round
             t += e.prefill * e.factor(t)
@@ -313,12 +314,12 @@ class _Cloud:
         e.reused = 0
         kept, end = None, t_arr  # kept: whether a proactive branch ran and was kept
         pol = e.policy
-        if pol.proactive and pol.drafting and (not e.oracle or hit):
+        if pol.proactive and pol.drafting and depth > 0 and (not e.oracle or hit):
             # a verdict inside the tree lands on a first-wave root, a fully accepted one on a leaf's
             end, kept = _branch(e, t_send, t_arr, a, depth, (1 if full else 0) if hit else None)
-        if depth > 0:  # as the coordinator: the link's share of the wait = arrival - send - verify
+        if pol.drafting:  # as the coordinator: the link's share of the wait = arrival - send - verify
             e.ctrl.observe_verdict(depth, round(p["nodes"]), p["verify_s"], t_arr - t_send - p["verify_s"], a, kept)
-        e.ctrl.observe_round(a, max(depth, 1), t_arr - t_send, e.decision.b_hat)
+        e.ctrl.observe_round(a, depth if pol.drafting else max(depth, 1), t_arr - t_send, e.decision.b_hat)
         e.decision = e.ctrl.next_depth(pol.proactive, e.reused)
         e.pos += a + 1
         e.res.tokens = min(e.pos, e.target)

@@ -227,6 +227,9 @@ class CAAC:
             return esr, 1.0
         return esr, min(1.0, max(c.eta_min, (c.band_hi / esr) ** c.gamma))
 
+    def observe_lookup(self, expected: float, nodes: int) -> None:
+        """The prompt-lookup chains the next tree would carry (only ``rapid-cost`` prices them)."""
+
     def new_request(self) -> None:
         """Start a new generation: reset the logical path (acceptance EMA, PID state), keep the
         physical path (ESR, the per-size step baselines, the taus) and the cloud EMA.

@@ -224,7 +224,8 @@ class Coordinator:
         decision = self.controller.next_depth(self.policy.proactive)
         round_id = 0
         while True:
-            depth = max(1, min(decision.depth, max_new - len(out.tokens)), self.drafter.levels)
+            depth = max(min(decision.depth, max_new - len(out.tokens)), self.drafter.levels)
+            depth = depth if decision.depth == 0 and self.policy.drafting else max(1, depth)  # 0: draft nothing
             rec = RoundRecord(round_id, self.policy.name, depth if self.policy.drafting else 0, 0,
                               t_start=self.clock())
             _fill_decision(rec, decision)
@@ -244,7 +245,10 @@ class Coordinator:
         if not self.policy.drafting:
             return [], [], SentTree()
         t0 = self.clock()
-        rec.draft_steps = await asyncio.shield(self._spawn(self._draft, depth))
+        if depth == 0:  # no draft step: the lookup chains alone (rapid.runtime.cost_caac)
+            self.drafter.lookup_round()
+        else:
+            rec.draft_steps = await asyncio.shield(self._spawn(self._draft, depth))
         rec.draft_s = self.clock() - t0
         d = self.drafter
         if d.params.cost_cut:
@@ -261,7 +265,7 @@ class Coordinator:
         t_sent = self.clock()
         await self.link.send_tree(round_id, tokens, parents)
         branch_task = None
-        if p.proactive and p.drafting:
+        if p.proactive and p.drafting and d.levels > 0:  # (a tree that drafted nothing has no fed node)
             boundary = d.save_boundary()
             branch_task = self._spawn(self._branch, self.controller.next_depth(True).depth,
                                       self._if_hit(depth, decision.b_hat), t_sent)
@@ -286,17 +290,21 @@ class Coordinator:
                sent: SentTree) -> tuple[list[int], CAACDecision]:
         """Commit path + bonus in the drafter, let the controller and the send cut observe round i
         (``sent``: the sent tree's scores and lookup flags); (the emitted tokens, the decision for L_{i+1})."""
-        d = self.drafter
+        d, p_drafts = self.drafter, self.policy.drafting
         plan = d.apply_verdict(list(verdict.path), verdict.bonus)
         if plan.hit:
             rec.reused_depth = d.levels
         rec.accepted = len(verdict.path)
-        if self.policy.drafting:
+        if p_drafts:
             rtt = rec.cloud_s - verdict.verify_s  # the link's share of the wait: arrival - send - verify
             self.controller.observe_verdict(depth, rec.tree_nodes, verdict.verify_s, rtt, rec.accepted,
                                             rec.proactive_hit)
             self.cut.observe_verdict(sent.scores, sent.lookup, verdict.verify_s, rtt, list(verdict.path))
-        self.controller.observe_round(len(verdict.path), max(depth, 1), rec.cloud_s, decision.b_hat)
+        # a round that drafted nothing says nothing of the draft's acceptance (depth 0: ignored)
+        self.controller.observe_round(len(verdict.path), depth if p_drafts else max(depth, 1), rec.cloud_s,
+                                      decision.b_hat)
+        if p_drafts:
+            self.controller.observe_lookup(*d.lookup_outlook())
         # settled on the freshest acceptance, knowing the levels the kept branch supplies
         return plan.emitted, self.controller.next_depth(self.policy.proactive, d.levels)
 

@@ -31,6 +31,21 @@ step. Inside the band (eta = 1) sigma is 1, so the baselines, learnt without loa
 and a passing jitter does not move the depth. Ties go to the shallower depth. Until a step, a
 verify time and an RTT are known (the first round), the depth is CAAC's.
 
+**Depth 0: a round that drafts nothing.** The argmax also runs over D = 0: the tree is the
+prompt-lookup chains alone (``Drafter.lookup_round``; an empty tree, one target step, where
+nothing matches), costing ``V(n_0) + RTT`` for ``1 + E_lookup`` tokens, where ``E_lookup`` =
+sum over the chains' nodes of exp(score), each lookup token scoring log ``LookupStats.p``
+(``Drafter.lookup_outlook``, observed after every verdict). The chains join every drafted tree
+too, so a depth D >= 1 yields ``1 + max(sum_{d<=D} P(reach d), E_lookup)``. Depth 0 wins where a
+draft step costs more than it buys: a slow edge under load (the PyTorch draft at ~0.3 s a step
+against a ~0.25 s target step: drafting made the round slower than the target alone), or a long
+lookup chain that the draft would only repeat. A round without a step measures neither the step
+nor the acceptance, so after ``CostConfig.max_undrafted`` such rounds in a row one round drafts
+(a probe); a probe followed by another undrafted round doubles the interval, up to
+``PROBE_BACKOFF`` times, and a drafted round after it resets it: a load that lifts is seen
+within ~32 rounds, and a draft that stays too slow costs one drafted round in 33. CAAC's own
+depth (``rapid``) stays in 1..max_depth.
+
 The proactive branch (IPDG) is unchanged; its target is this rule applied after the verdict it
 guesses (``next_depth_if``). CAAC's proactive time cap is not applied: the cost model already
 charges every draft step on the critical path.
@@ -57,24 +72,29 @@ from rapid.runtime.depth_control import CAACDecision
 
 __all__ = ["CostAwareCAAC", "choose_depth", "draft_seconds"]
 
+PROBE_BACKOFF = 8  # the probe interval grows to at most this many times CostConfig.max_undrafted
+
 
 def choose_depth(reach: Sequence[float], draft_s: Sequence[float], verify_s: Sequence[float], rtt_s: float,
-                 lo: int) -> tuple[int, list[float]]:
-    """``argmax_{D in [lo, len(reach)]} (1 + sum_{d<=D} reach[d-1]) / (draft_s[D] + verify_s[D] + rtt_s)``
+                 lo: int, lookup: float = 0.0) -> tuple[int, list[float]]:
+    """``argmax_{D in [lo, len(reach)]} (1 + max(sum_{d<=D} reach[d-1], lookup)) / (draft_s[D] + verify_s[D] + rtt_s)``
     (ties: the shallower D) and the rate of every D (index D; 0.0 below ``lo``).
 
     ``reach[d-1]`` = P(the accepted path reaches level d); ``draft_s`` / ``verify_s`` are indexed
-    by D (length ``len(reach) + 1``). A non-positive round time never wins."""
+    by D (length ``len(reach) + 1``). ``lookup``: the expected accepted tokens of the
+    prompt-lookup chains the tree would carry (they join every tree; the accepted path follows
+    either them or the draft's nodes). D = 0 (``lo = 0``) is a round that drafts nothing: those
+    chains alone, or an empty tree (one target step). A non-positive round time never wins."""
     hi = len(reach)
-    if not 1 <= lo <= hi or len(draft_s) != hi + 1 or len(verify_s) != hi + 1:
-        raise ValueError(f"need 1 <= lo <= {hi} and cost arrays of length {hi + 1}")
+    if not 0 <= lo <= hi or len(draft_s) != hi + 1 or len(verify_s) != hi + 1:
+        raise ValueError(f"need 0 <= lo <= {hi} and cost arrays of length {hi + 1}")
     rates = [0.0] * (hi + 1)
     best, best_rate = lo, -1.0
-    gain = 1.0 + sum(reach[: lo - 1])
+    drafted = sum(reach[: max(0, lo - 1)])
     for d in range(lo, hi + 1):
-        gain += reach[d - 1]
+        drafted += reach[d - 1] if d >= 1 else 0.0
         t = draft_s[d] + verify_s[d] + rtt_s
-        rates[d] = gain / t if t > 0 else 0.0
+        rates[d] = (1.0 + max(drafted, lookup)) / t if t > 0 else 0.0
         if rates[d] > best_rate:
             best, best_rate = d, rates[d]
     return best, rates
@@ -103,6 +123,19 @@ class CostAwareCAAC(CAAC):
         self._reach = ReachEstimate(self.config.max_depth, self.cost)
         self.costs = CloudCosts.fresh(self.cost.alpha_verify, self.cost.alpha_rtt)  # the send cut reads them too
         self._branch = BranchYield(self.cost.alpha_reach)
+        self._lookup = (0.0, 0)  # the lookup-only tree a round would send now: (E[accepted], nodes)
+        self._undrafted = 0  # rounds in a row sent without a draft step
+        self._probe_every = self.cost.max_undrafted  # undrafted rounds allowed before one drafts
+        self._after_probe = False  # the last round drafted because _probe_every ran out
+
+    def new_request(self) -> None:
+        super().new_request()
+        self._lookup, self._undrafted = (0.0, 0), 0
+
+    def observe_lookup(self, expected: float, nodes: int) -> None:
+        """The prompt-lookup chains the next tree would carry: their expected accepted tokens
+        (``Drafter.lookup_outlook``) and node count."""
+        self._lookup = (max(0.0, float(expected)), max(0, int(nodes)))
 
     # ---- what the cloud and the link report -----------------------------------------------
     def observe_cloud(self, curve_nodes: Sequence[int], curve_s: Sequence[float], budget: int,
@@ -118,8 +151,19 @@ class CostAwareCAAC(CAAC):
         whether it was kept (``hit``) after ``accepted`` of ``depth`` levels."""
         self.costs.verify.observe(int(nodes), float(verify_s))
         self.costs.link.observe(int(depth), int(nodes), rtt_s)
+        self._count_undrafted(depth)
         if hit is not None and accepted is not None:
             self._branch.observe(accepted >= depth, bool(hit))
+
+    def _count_undrafted(self, depth: int) -> None:
+        """Rounds without a draft step in a row, and the probe interval: a probe (a drafted round
+        forced by the interval) followed by another undrafted round doubles it, up to
+        ``PROBE_BACKOFF`` times ``max_undrafted``; followed by a drafted one, it resets."""
+        base = self.cost.max_undrafted
+        if self._after_probe:
+            self._probe_every = min(PROBE_BACKOFF * base, 2 * self._probe_every) if depth < 1 else base
+        self._after_probe = depth >= 1 and base > 0 and self._undrafted >= self._probe_every
+        self._undrafted = self._undrafted + 1 if depth < 1 else 0
 
     def observe_round(self, accepted: int, depth: int, cloud_seconds: float | None = None,
                       b_hat: float | None = None) -> None:
@@ -129,34 +173,39 @@ class CostAwareCAAC(CAAC):
             self._reach.observe(int(accepted), int(depth))
 
     # ---- the decision --------------------------------------------------------------------
-    def cost_depth(self, reused: int = 0, proactive: bool = False,
-                   sigma: float = 1.0) -> tuple[int, list[float]] | None:
+    def cost_depth(self, reused: int = 0, proactive: bool = False, sigma: float = 1.0,
+                   undrafted: bool = False) -> tuple[int, list[float]] | None:
         """(depth*, rate by depth) from the current estimates, a draft step priced at ``sigma``
-        times its baseline; None while a cost is unknown."""
+        times its baseline, depth 0 (no draft step) a candidate with ``undrafted``; None while a
+        cost is unknown."""
         c, link = self.config, self.costs.link
         table = {t: sigma * s for t, s in self._phys.baseline.classes().items()}
         steps = draft_seconds(table, link.width, c.max_depth, max(0, reused))
         if steps is None or link.rtt is None or self.costs.verify.predict(1) is None:
             return None
-        verify = [0.0] + [self.costs.verify.predict(link.tree_nodes(d)) or 0.0 for d in range(1, c.max_depth + 1)]
+        expected, nodes = self._lookup
+        verify = [self.costs.verify.predict(nodes) or 0.0] + [
+            self.costs.verify.predict(link.tree_nodes(d)) or 0.0 for d in range(1, c.max_depth + 1)]
         reach = self._reach.reach()
         if proactive:  # the critical path less the expected saving of a kept branch (docstring)
             whole = draft_seconds(table, link.width, c.max_depth, 0) or steps
             kf, kp = self._branch.rate(True), self._branch.rate(False)
             steps = [steps[0]] + [steps[d] - (reach[d - 1] * kf + (1 - reach[d - 1]) * kp)
                                   * min(link.rtt + verify[d], whole[d]) for d in range(1, c.max_depth + 1)]
-        lo = min(c.max_depth, max(c.min_depth, reused))
-        return choose_depth(reach, steps, verify, link.rtt, lo)
+        lo = 0 if undrafted and reused <= 0 else min(c.max_depth, max(c.min_depth, reused))
+        return choose_depth(reach, steps, verify, link.rtt, lo, expected)
 
     def next_depth(self, proactive: bool = False, reused: int = 0) -> CAACDecision:
-        """``clamp(depth*)`` at the contended step price (sigma = ESR while eta < 1); CAAC's
-        depth while the costs are unknown."""
+        """``clamp(depth*)`` at the contended step price (sigma = ESR while eta < 1), or 0 (draft
+        nothing this round) where that rate is the highest and fewer than ``max_undrafted``
+        rounds in a row drafted nothing; CAAC's depth while the costs are unknown."""
         esr, eta = self._gate()
-        best = self.cost_depth(reused, proactive, esr if eta < 1.0 else 1.0)
+        undrafted = self._undrafted < self._probe_every
+        best = self.cost_depth(reused, proactive, esr if eta < 1.0 else 1.0, undrafted)
         if best is None:
             return super().next_depth(proactive)
         c = self.config
-        depth = min(c.max_depth, max(c.min_depth, best[0]))
+        depth = 0 if best[0] == 0 else min(c.max_depth, max(c.min_depth, best[0]))
         return self._decision(depth, esr, eta, float(best[0]), False)
 
     def next_depth_if(self, accepted: int, depth: int, b_hat: float | None = None,

@@ -16,7 +16,7 @@ from typing import Protocol
 class CAACDecision:
     """The depth for the next round and the signals that produced it (for telemetry)."""
 
-    depth: int
+    depth: int  # 0: draft nothing this round (rapid.runtime.cost_caac)
     tau_cur: float
     tau_fast: float
     tau_slow: float
@@ -42,6 +42,8 @@ class DepthController(Protocol):
 
     def observe_verdict(self, depth: int, nodes: int, verify_s: float, rtt_s: float | None,
                         accepted: int | None = None, hit: bool | None = None) -> None: ...
+
+    def observe_lookup(self, expected: float, nodes: int) -> None: ...
 
     def next_depth_if(self, accepted: int, depth: int, b_hat: float | None = None,
                       proactive: bool = True) -> CAACDecision: ...

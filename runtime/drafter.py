@@ -53,6 +53,10 @@ class StepTimeoutError(RapidError):
     """The engine never reported a launched step complete."""
 
 
+class DraftStateError(RapidError):
+    """A drafter call that its current tree does not allow (a caller's bug, not bad input)."""
+
+
 @dataclass(slots=True)
 class StepRecord:
     tokens: int  # T fed in this step
@@ -206,6 +210,31 @@ class Drafter:
         self._proposed = lookup_continuations(self.committed, p.lookup, p.lookup_branches)
         for cont in self._proposed:
             self.tree.add_chain(cont, math.log(self.lookup.p), self.stop_ids)
+
+    def _lookup_tree(self) -> TokenTree:
+        """The lookup chains of the committed tokens alone, pruned as a drafted tree is."""
+        tree, self._proposed = TokenTree(), lookup_continuations(self.committed, self.params.lookup,
+                                                                 self.params.lookup_branches)
+        for cont in self._proposed:
+            tree.add_chain(cont, math.log(self.lookup.p), self.stop_ids)
+        tree.prune(self.params.budget, floor=self.params.floor)
+        return tree
+
+    def lookup_round(self) -> None:
+        """A round that drafts nothing (depth 0): the tree is the prompt-lookup chains alone
+        (empty where nothing matches: the cloud then takes one target step). No engine step runs;
+        the committed tokens stay pending, fed by the next round that drafts."""
+        if self.levels:
+            raise DraftStateError("a round without a draft step needs a tree with no drafted level")
+        self.tree = self._lookup_tree()
+
+    def lookup_outlook(self) -> tuple[float, int]:
+        """(expected accepted tokens, nodes) of the tree ``lookup_round`` would send now:
+        sum over its nodes of exp(score), each lookup token scoring log ``LookupStats.p``."""
+        proposed = self._proposed
+        tree = self._lookup_tree()
+        self._proposed = proposed  # only looking: the round's own proposals stay what it sent
+        return sum(math.exp(x) for x in tree.score), len(tree)
 
     def _below_roots(self) -> list[int]:
         """The branch's nodes under its roots (strict descendants of any root)."""
@@ -394,7 +423,8 @@ class Drafter:
         self.engine.compact(plan.keep_slots, self.prefix_len)
         self.prefix_len += plan.prefix_grow
         self.transcript.commit(plan.emitted)
-        self.pending = plan.pending
+        self.pending = self.pending + plan.pending  # after a round that drafted nothing the root
+        # was never fed: what was pending then still is, before this verdict's tokens
         self.tree = plan.next_tree
         self.levels = levels_kept if plan.hit and plan.next_tree.root_top is not None else 0
         self._drop_roots()

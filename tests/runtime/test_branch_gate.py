@@ -14,8 +14,8 @@ from rapid.core.sampling import SamplingParams
 from rapid.runtime.branch_gate import BranchGate
 from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
 from rapid.runtime.drafter import Drafter
-from rapid.runtime.policies import POLICIES
 from rapid.runtime.link import CloudLink
+from rapid.runtime.policies import POLICIES
 from rapid.runtime.tree import TreeParams
 from rapid.server.app import VerifierServer
 from rapid.server.background import BackgroundServer

@@ -84,3 +84,28 @@ def test_proactive_policies_reach_depth_8_as_fast_as_caac(tiny_pair):
     caac = depth_runs["caac"]
     assert caac.index(8) <= 12 and caac[caac.index(8):] == [8] * (16 - caac.index(8)), caac
     assert depth_runs["rapid"] == caac and depth_runs["npdg-caac"] == caac, depth_runs
+
+
+def test_rapid_cost_drafts_nothing_where_a_step_costs_more_than_it_buys(tiny_pair):
+    """Draft steps of 75 ms (an injected clock) against a loopback verify of a few ms: a round
+    that drafts nothing (the prompt-lookup chains alone, or one target step) has the best rate,
+    so rapid-cost sends those and drafts now and then to re-measure the step. The tokens are the
+    target's, greedy and seeded sampling; a round without a draft step runs no branch, and the
+    committed tokens it leaves unfed are fed by the next round that drafts."""
+    target, drafts = tiny_pair
+    server = BackgroundServer(VerifierServer(target))
+    prompt = list(b"abc abd abc abd abc abd abc")
+    try:
+        for sampling in (SamplingParams(), SamplingParams(temperature=0.8, seed=3)):
+            ticks = itertools.count(0.0, 0.075)
+            drafter = Drafter(TorchEngine(drafts["partial"], capacity=512), TreeParams(4, 12, 2, 2), (EOS_ID,),
+                              clock=ticks.__next__)
+            coord = Coordinator(drafter, CloudLink(server.url), POLICIES["rapid-cost"], CoordinatorConfig(depth=4))
+            gen = asyncio.run(coord.generate(prompt, 60, sampling))
+            assert gen.tokens == reference_decode(target, prompt, 60, sampling, (EOS_ID,))
+            undrafted = [r for r in gen.records if r.depth == 0]
+            assert len(undrafted) >= len(gen.records) // 2, [r.depth for r in gen.records]
+            assert all(r.draft_steps == 0 and r.proactive_steps == 0 and r.proactive_hit is None for r in undrafted)
+            assert any(r.depth > 0 for r in gen.records[len(gen.records) // 2:])  # it still probes
+    finally:
+        server.close()

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rapid.runtime.caac import CAAC, CAACConfig
-from rapid.runtime.cost_caac import CostAwareCAAC, choose_depth, draft_seconds
+from rapid.runtime.cost_caac import PROBE_BACKOFF, CostAwareCAAC, choose_depth, draft_seconds
+from rapid.runtime.cost_model import CostConfig
 
 # ---------------------------------------------------------------- the pure rule
 
@@ -28,7 +29,21 @@ def test_choose_depth_by_hand():
     with pytest.raises(ValueError):
         choose_depth(reach, draft[:2], verify, 0.05, 1)
     with pytest.raises(ValueError):
-        choose_depth(reach, draft, verify, 0.05, 0)
+        choose_depth(reach, draft, verify, 0.05, -1)
+
+
+def test_depth_0_drafts_nothing_and_wins_when_a_step_costs_more_than_it_buys():
+    """A slow edge under load: a step 0.3 s buys 0.9 tokens, one target step (0.22 s verify +
+    0.03 s link) buys 1 for 0.25 s. With lo = 0 the empty tree wins; free lookup tokens raise
+    every depth's gain, so they make depth 0 win by more; lo = 1 keeps the old rule."""
+    reach, draft, verify = [0.9, 0.6], [0.0, 0.3, 0.6], [0.22, 0.22, 0.23]
+    best, rates = choose_depth(reach, draft, verify, 0.03, 0)
+    assert best == 0 and rates[0] == pytest.approx(1 / 0.25) and rates[1] == pytest.approx(1.9 / 0.55)
+    assert choose_depth(reach, draft, verify, 0.03, 1)[0] == 1
+    best, rates = choose_depth(reach, draft, verify, 0.03, 0, lookup=2.0)
+    assert best == 0 and rates[0] == pytest.approx(3 / 0.25) and rates[1] == pytest.approx(3 / 0.55)
+    fast = [0.0, 0.03, 0.06]  # a fast edge: the draft pays
+    assert choose_depth(reach, fast, verify, 0.03, 0)[0] == 2
 
 
 costs = st.lists(st.floats(0.0, 0.05), min_size=8, max_size=8)
@@ -107,13 +122,43 @@ def test_reaches_the_best_rate_of_the_true_model(name):
     expected tokens per second (measured: 98.6-100 %; CAAC's set point: 81-99.5 %), and never
     less than CAAC on the same rounds."""
     p, s, v, rtt = REGIMES[name]
-    best = max(true_rate(d, p, s, v, rtt) for d in range(1, 9))
+    best = max(true_rate(d, p, s, v, rtt) for d in range(0, 9))
     got, caac = [], []
     for seed in range(3):
         got += [true_rate(d, p, s, v, rtt) / best for d in drive(CostAwareCAAC(), p, s, v, rtt, seed=seed)[100:]]
         caac += [true_rate(d, p, s, v, rtt) / best for d in drive(CAAC(), p, s, v, rtt, seed=seed)[100:]]
     assert sum(got) / len(got) >= 0.98, name
     assert sum(got) >= sum(caac), name
+
+
+def test_a_slow_edge_drafts_nothing_but_probes_at_growing_intervals():
+    """The draft step (0.3 s, a slow edge under load) costs more than the 0.9 tokens it buys; a
+    round that drafts nothing is one target step (0.25 s). The rule sends empty trees, drafting
+    once after 4, 8, 16, then every 32 undrafted rounds to re-measure the step; >= 98 % of the
+    best expected rate over rounds 100..300."""
+    p, s, v, rtt = 0.9, 0.3, (lambda n: 0.22 + 0.0005 * n), 0.03
+    assert max(range(9), key=lambda d: true_rate(d, p, s, v, rtt)) == 0
+    depths = drive(CostAwareCAAC(), p, s, v, rtt)
+    drafted = [i for i, d in enumerate(depths) if d > 0]
+    gaps = [b - a - 1 for a, b in zip(drafted, drafted[1:], strict=False)]
+    assert [g for g in gaps if g > 0][:4] == [4, 8, 16, 32] and max(gaps) == 32
+    best = true_rate(0, p, s, v, rtt)
+    assert sum(true_rate(d, p, s, v, rtt) / best for d in depths[100:]) / 200 >= 0.98
+    never = CostAwareCAAC(cost=CostConfig(max_undrafted=0))  # 0: every round drafts
+    assert min(drive(never, p, s, v, rtt, rounds=50)) >= 1
+
+
+def test_when_the_load_lifts_drafting_resumes_at_the_next_probe():
+    """A 0.1 s step under a 3x load (0.3 s): no drafting; once the load is gone the next probe
+    measures the step at its baseline and the rule drafts again within the probe interval."""
+    p, s, v, rtt = 0.9, 0.1, (lambda n: 0.22 + 0.0005 * n), 0.03
+    ctrl = CostAwareCAAC()
+    drive(ctrl, p, s, v, rtt, rounds=60)  # the baseline, learnt without load
+    loaded = drive(ctrl, p, s, v, rtt, rounds=100, slow=3.0, seed=1)
+    assert loaded[-40:].count(0) >= 35
+    free = drive(ctrl, p, s, v, rtt, rounds=60, seed=2)
+    back = next(i for i in range(len(free)) if all(d > 0 for d in free[i:]))
+    assert back <= PROBE_BACKOFF * CostConfig().max_undrafted + 3, free
 
 
 def test_depth_follows_the_round_trip():

@@ -11,7 +11,7 @@ import pytest
 from rapid.core.acceptance import validate_tree
 from rapid.core.geometry import ROOT
 from rapid.engines.torch_engine import TorchEngine
-from rapid.runtime.drafter import Drafter, StepTimeoutError
+from rapid.runtime.drafter import Drafter, DraftStateError, StepTimeoutError
 from rapid.runtime.tree import TreeParams
 from rapid.tiny import VOCAB
 
@@ -216,3 +216,36 @@ def test_a_lookup_chain_is_fed_whole_in_the_branchs_first_step_and_its_end_can_b
     for i, s in enumerate(d.tree.slot):
         if s >= 0:
             assert eng.slots[s] == d.tree.tokens[i]
+
+
+def test_rounds_that_draft_nothing_leave_the_committed_tokens_pending_for_the_next_step(engine):
+    """Two rounds without a draft step (``lookup_round``: the lookup chains alone), the second
+    accepting two tokens of a chain: nothing is fed, every committed token past the prefix's KV
+    stays pending, the next drafted round feeds them all in its first step, and its tree is the
+    one a drafter that had drafted all along would build (same prefix KV, same ranked children)."""
+    eng = engine()
+    params = TreeParams(depth=2, budget=12, topk=2, width=2, lookup=4)
+    d = Drafter(eng, params)
+    prompt = [3, 4, 5, 6, 3, 4, 5]  # "3 4 5" again: the lookup proposes 6 3 4 5
+    d.start(prompt)
+    d.prefill()
+    d.lookup_round()
+    assert d.wire_tree()[0] == [6, 3, 4, 5] and eng.seen[-1][0] == prompt[:-1]  # no step ran
+    plan = d.apply_verdict([0, 1], 9)  # accepts 6 3 of the chain, then the target says 9
+    assert plan.emitted == [6, 3, 9] and d.pending == [5, 6, 3, 9]
+    d.lookup_round()
+    d.apply_verdict([], 8)
+    assert d.committed == prompt + [6, 3, 9, 8] and d.pending == [5, 6, 3, 9, 8] and eng.kv_len == d.prefix_len
+    d.draft(2)
+    assert eng.seen[1][0] == [5, 6, 3, 9, 8] and eng.slots[: len(d.committed)] == d.committed
+    fresh = Drafter(engine(), params)
+    fresh.start(d.committed)
+    fresh.prefill()
+    fresh.draft(2)
+    assert d.wire_tree() == fresh.wire_tree()
+    # the draft's numerics are not the product's (the cloud decides): equal ranks, scores close
+    ranks = [[t for t, _ in top or []] for top in d.tree.top + [d.tree.root_top]]
+    assert ranks == [[t for t, _ in top or []] for top in fresh.tree.top + [fresh.tree.root_top]]
+    assert d.tree.score == pytest.approx(fresh.tree.score, abs=1e-4)
+    with pytest.raises(DraftStateError):
+        d.lookup_round()  # a tree with drafted levels is not a round that drafts nothing
