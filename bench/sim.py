@@ -17,7 +17,10 @@ Model (one edge; N edges share one cloud in the scale study):
   costing the traced chain-step time; an interruptible branch asks the runtime's ``BranchGate``
   before each step, fed as the coordinator feeds it (step and send→verdict times, and the root
   wave a verdict lands on: a verdict inside the tree on the first, a fully accepted one on the
-  second; a drawn hit counts only when a step ran).
+  second; a drawn hit counts only when a step ran);
+- a round that drafts nothing (``rapid-cost`` at depth 0) sends the replayed lookup chain alone
+  (no branch); the sim's controller is not told the chains (no ``observe_lookup``), so it skips
+  drafting only where the step's price alone says so.
 
 The SAME policy code decides: the policy flags are the ``rapid.runtime.policies.POLICIES``
 objects, and the depth controller is the one ``rapid.runtime.coordinator.Coordinator`` builds
@@ -131,10 +134,12 @@ class _Edge:
     def sent_levels(self, depth: int) -> int:
         """Levels of the tree a round sends for a drafted ``depth``: the traced levels after the
         send cut, or a longer prompt-lookup chain where the replay offers one (the oracle drafts
-        exactly the chain it planned)."""
-        if depth <= 0 or self.oracle:
+        exactly the chain it planned). A round that drafts nothing (depth 0: ``rapid-cost``) sends
+        the chain alone."""
+        if self.oracle or not self.policy.drafting:
             return depth
-        return max(self.cal.levels(depth, self.policy.name), self.cal.reach(self.offset + self.pos))
+        chain = self.cal.reach(self.offset + self.pos)
+        return chain if depth <= 0 else max(self.cal.levels(depth, self.policy.name), chain)
 
     def factor(self, t: float) -> float:
         s = self.sched
@@ -299,7 +304,8 @@ class _Cloud:
                 depth = e.reused + steps
                 break
         e.res.draft_steps += steps
-        nodes = float(depth) if e.oracle else e.cal.nodes(depth, e.policy.name)
+        nodes = float(depth) if e.oracle else (e.cal.nodes(depth, e.policy.name) if depth > 0
+                                               else float(e.sent_levels(0)))  # depth 0: the lookup chain
         self.pending[e.idx] = {"depth": depth, "t_send": t, "t_start": now, "nodes": nodes}
         self.push(t + e.prof.sample_rtt_s(e.rng) / 2, "arrive", e.idx, nodes)
 
@@ -308,7 +314,7 @@ class _Cloud:
         p = self.pending.pop(e.idx)
         depth, t_send = p["depth"], p["t_send"]
         cap = e.sent_levels(depth)
-        a = e.run_len(e.pos, cap) if depth > 0 else 0
+        a = e.run_len(e.pos, cap)
         full = depth > 0 and a >= cap
         hit = e.hit(e.pos + a, full)
         e.reused = 0

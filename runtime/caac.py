@@ -227,7 +227,7 @@ class CAAC:
             return esr, 1.0
         return esr, min(1.0, max(c.eta_min, (c.band_hi / esr) ** c.gamma))
 
-    def observe_lookup(self, expected: float, nodes: int) -> None:
+    def observe_lookup(self, reach: Sequence[float], nodes: int) -> None:
         """The prompt-lookup chains the next tree would carry (only ``rapid-cost`` prices them)."""
 
     def new_request(self) -> None:

@@ -36,7 +36,9 @@ prompt-lookup chains alone (``Drafter.lookup_round``; an empty tree, one target 
 nothing matches), costing ``V(n_0) + RTT`` for ``1 + E_lookup`` tokens, where ``E_lookup`` =
 sum over the chains' nodes of exp(score), each lookup token scoring log ``LookupStats.p``
 (``Drafter.lookup_outlook``, observed after every verdict). The chains join every drafted tree
-too, so a depth D >= 1 yields ``1 + max(sum_{d<=D} P(reach d), E_lookup)``. Depth 0 wins where a
+too, so a depth D >= 1 yields ``1 + sum_{d<=D} (1 - (1 - P(reach d)) (1 - P_lookup(d))) +
+sum_{d>D} P_lookup(d)`` (``choose_depth``; E_lookup = sum_d P_lookup(d)): a draft adds little
+where the chains are strong. Depth 0 wins where a
 draft step costs more than it buys: a slow edge under load (the PyTorch draft at ~0.3 s a step
 against a ~0.25 s target step: drafting made the round slower than the target alone), or a long
 lookup chain that the draft would only repeat. A round without a step measures neither the step
@@ -76,25 +78,29 @@ PROBE_BACKOFF = 8  # the probe interval grows to at most this many times CostCon
 
 
 def choose_depth(reach: Sequence[float], draft_s: Sequence[float], verify_s: Sequence[float], rtt_s: float,
-                 lo: int, lookup: float = 0.0) -> tuple[int, list[float]]:
-    """``argmax_{D in [lo, len(reach)]} (1 + max(sum_{d<=D} reach[d-1], lookup)) / (draft_s[D] + verify_s[D] + rtt_s)``
-    (ties: the shallower D) and the rate of every D (index D; 0.0 below ``lo``).
+                 lo: int, lookup: Sequence[float] = ()) -> tuple[int, list[float]]:
+    """``argmax_{D in [lo, len(reach)]} gain(D) / (draft_s[D] + verify_s[D] + rtt_s)`` (ties: the
+    shallower D) and the rate of every D (index D; 0.0 below ``lo``), where
 
-    ``reach[d-1]`` = P(the accepted path reaches level d); ``draft_s`` / ``verify_s`` are indexed
-    by D (length ``len(reach) + 1``). ``lookup``: the expected accepted tokens of the
-    prompt-lookup chains the tree would carry (they join every tree; the accepted path follows
-    either them or the draft's nodes). D = 0 (``lo = 0``) is a round that drafts nothing: those
-    chains alone, or an empty tree (one target step). A non-positive round time never wins."""
+        gain(D) = 1 + sum_{k<=D} (1 - (1 - reach[k-1]) (1 - lookup[k-1])) + sum_{k>D} lookup[k-1]
+
+    ``reach[k-1]`` = P(the draft's nodes carry the accepted path to level k); ``lookup[k-1]`` =
+    P(the prompt-lookup chains do), chains that join every tree (missing levels: 0). Where both
+    reach a level, they count as independent: a draft adds the most where the chains are weak.
+    D = 0 (``lo = 0``) is a round that drafts nothing: the chains alone, or an empty tree (one
+    target step). ``draft_s`` / ``verify_s`` are indexed by D (length ``len(reach) + 1``). A
+    non-positive round time never wins."""
     hi = len(reach)
     if not 0 <= lo <= hi or len(draft_s) != hi + 1 or len(verify_s) != hi + 1:
         raise ValueError(f"need 0 <= lo <= {hi} and cost arrays of length {hi + 1}")
+    chain = list(lookup) + [0.0] * max(0, hi - len(lookup))
     rates = [0.0] * (hi + 1)
     best, best_rate = lo, -1.0
-    drafted = sum(reach[: max(0, lo - 1)])
     for d in range(lo, hi + 1):
-        drafted += reach[d - 1] if d >= 1 else 0.0
+        both = sum(1.0 - (1.0 - reach[k]) * (1.0 - chain[k]) for k in range(d))
+        gain = 1.0 + both + sum(chain[d:])
         t = draft_s[d] + verify_s[d] + rtt_s
-        rates[d] = (1.0 + max(drafted, lookup)) / t if t > 0 else 0.0
+        rates[d] = gain / t if t > 0 else 0.0
         if rates[d] > best_rate:
             best, best_rate = d, rates[d]
     return best, rates
@@ -123,19 +129,20 @@ class CostAwareCAAC(CAAC):
         self._reach = ReachEstimate(self.config.max_depth, self.cost)
         self.costs = CloudCosts.fresh(self.cost.alpha_verify, self.cost.alpha_rtt)  # the send cut reads them too
         self._branch = BranchYield(self.cost.alpha_reach)
-        self._lookup = (0.0, 0)  # the lookup-only tree a round would send now: (E[accepted], nodes)
+        self._lookup: tuple[list[float], int] = ([], 0)  # the lookup-only tree a round would send
+        # now: (P(its chains reach level k) for k = 1.., nodes)
         self._undrafted = 0  # rounds in a row sent without a draft step
         self._probe_every = self.cost.max_undrafted  # undrafted rounds allowed before one drafts
         self._after_probe = False  # the last round drafted because _probe_every ran out
 
     def new_request(self) -> None:
         super().new_request()
-        self._lookup, self._undrafted = (0.0, 0), 0
+        self._lookup, self._undrafted = ([], 0), 0
 
-    def observe_lookup(self, expected: float, nodes: int) -> None:
-        """The prompt-lookup chains the next tree would carry: their expected accepted tokens
-        (``Drafter.lookup_outlook``) and node count."""
-        self._lookup = (max(0.0, float(expected)), max(0, int(nodes)))
+    def observe_lookup(self, reach: Sequence[float], nodes: int) -> None:
+        """The prompt-lookup chains the next tree would carry: P(they reach level k), k = 1..
+        (``Drafter.lookup_outlook``), and their node count."""
+        self._lookup = ([min(1.0, max(0.0, float(x))) for x in reach], max(0, int(nodes)))
 
     # ---- what the cloud and the link report -----------------------------------------------
     def observe_cloud(self, curve_nodes: Sequence[int], curve_s: Sequence[float], budget: int,
@@ -183,7 +190,7 @@ class CostAwareCAAC(CAAC):
         steps = draft_seconds(table, link.width, c.max_depth, max(0, reused))
         if steps is None or link.rtt is None or self.costs.verify.predict(1) is None:
             return None
-        expected, nodes = self._lookup
+        chains, nodes = self._lookup
         verify = [self.costs.verify.predict(nodes) or 0.0] + [
             self.costs.verify.predict(link.tree_nodes(d)) or 0.0 for d in range(1, c.max_depth + 1)]
         reach = self._reach.reach()
@@ -193,7 +200,7 @@ class CostAwareCAAC(CAAC):
             steps = [steps[0]] + [steps[d] - (reach[d - 1] * kf + (1 - reach[d - 1]) * kp)
                                   * min(link.rtt + verify[d], whole[d]) for d in range(1, c.max_depth + 1)]
         lo = 0 if undrafted and reused <= 0 else min(c.max_depth, max(c.min_depth, reused))
-        return choose_depth(reach, steps, verify, link.rtt, lo, expected)
+        return choose_depth(reach, steps, verify, link.rtt, lo, chains)
 
     def next_depth(self, proactive: bool = False, reused: int = 0) -> CAACDecision:
         """``clamp(depth*)`` at the contended step price (sigma = ESR while eta < 1), or 0 (draft

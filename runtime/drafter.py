@@ -228,13 +228,17 @@ class Drafter:
             raise DraftStateError("a round without a draft step needs a tree with no drafted level")
         self.tree = self._lookup_tree()
 
-    def lookup_outlook(self) -> tuple[float, int]:
-        """(expected accepted tokens, nodes) of the tree ``lookup_round`` would send now:
-        sum over its nodes of exp(score), each lookup token scoring log ``LookupStats.p``."""
+    def lookup_outlook(self) -> tuple[list[float], int]:
+        """Of the tree ``lookup_round`` would send now: P(its chains carry the accepted path to
+        level k) for k = 1.. (the sum of exp(score) over its nodes at that depth, each lookup
+        token scoring log ``LookupStats.p``; the chains are disjoint), and its node count."""
         proposed = self._proposed
         tree = self._lookup_tree()
         self._proposed = proposed  # only looking: the round's own proposals stay what it sent
-        return sum(math.exp(x) for x in tree.score), len(tree)
+        reach = [0.0] * tree.max_depth
+        for depth, score in zip(tree.depth, tree.score, strict=True):
+            reach[depth - 1] += math.exp(score)
+        return reach, len(tree)
 
     def _below_roots(self) -> list[int]:
         """The branch's nodes under its roots (strict descendants of any root)."""

@@ -219,3 +219,20 @@ def test_interruptible_branch_asks_the_runtime_gate(cal, monkeypatch):
     assert gated.hits == ungated.hits == 0
     assert gated.discarded <= 2 < gated.rounds // 2 <= ungated.discarded
     assert gated.wall_s < ungated.wall_s
+
+
+def test_a_draft_that_costs_more_than_it_buys_is_skipped_as_the_runtime_skips_it(cal):
+    """Steps 20x the traced ones: the runtime's CostAwareCAAC sends rounds that draft nothing
+    (depth 0, probing now and then), each carrying the replayed lookup chain alone, and beats
+    the same controller told never to skip (``max_undrafted=0``); rapid (CAAC) keeps drafting."""
+    from dataclasses import replace
+
+    slow = replace(cal, step_s=[20 * s for s in cal.step_s])
+    s, p = parse_schedule("none"), get_profile("lan")
+    skip = sim.simulate(policies.POLICIES["rapid-cost"], slow, s, p, tokens=96, seed=0)["edges"][0]
+    never = sim.simulate(policies.POLICIES["rapid-cost"], slow, s, p, tokens=96, seed=0,
+                         config=sim.CoordinatorConfig(depth=4, cost=cost_caac.CostConfig(max_undrafted=0)))["edges"][0]
+    rapid = sim.simulate(policies.POLICIES["rapid"], slow, s, p, tokens=96, seed=0)["edges"][0]
+    assert skip.depths.count(0) >= len(skip.depths) // 2 and 0 < skip.depths.count(0) < len(skip.depths)
+    assert min(never.depths) >= 1 and min(rapid.depths) >= 1
+    assert skip.tok_s > never.tok_s

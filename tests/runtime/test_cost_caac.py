@@ -34,16 +34,20 @@ def test_choose_depth_by_hand():
 
 def test_depth_0_drafts_nothing_and_wins_when_a_step_costs_more_than_it_buys():
     """A slow edge under load: a step 0.3 s buys 0.9 tokens, one target step (0.22 s verify +
-    0.03 s link) buys 1 for 0.25 s. With lo = 0 the empty tree wins; free lookup tokens raise
-    every depth's gain, so they make depth 0 win by more; lo = 1 keeps the old rule."""
+    0.03 s link) buys 1 for 0.25 s. With lo = 0 the empty tree wins; lo = 1 keeps the old rule.
+    Lookup chains join every tree, so a draft is worth what it adds to them."""
     reach, draft, verify = [0.9, 0.6], [0.0, 0.3, 0.6], [0.22, 0.22, 0.23]
     best, rates = choose_depth(reach, draft, verify, 0.03, 0)
     assert best == 0 and rates[0] == pytest.approx(1 / 0.25) and rates[1] == pytest.approx(1.9 / 0.55)
     assert choose_depth(reach, draft, verify, 0.03, 1)[0] == 1
-    best, rates = choose_depth(reach, draft, verify, 0.03, 0, lookup=2.0)
-    assert best == 0 and rates[0] == pytest.approx(3 / 0.25) and rates[1] == pytest.approx(3 / 0.55)
-    fast = [0.0, 0.03, 0.06]  # a fast edge: the draft pays
+    chain = [0.8, 0.64, 0.512]  # a lookup chain, p = 0.8 a token
+    best, rates = choose_depth(reach, draft, verify, 0.03, 0, lookup=chain)
+    assert best == 0 and rates[0] == pytest.approx((1 + sum(chain)) / 0.25)
+    assert rates[1] == pytest.approx((1 + (1 - 0.1 * 0.2) + 0.64 + 0.512) / 0.55)  # level 1: either carries it
+    fast = [0.0, 0.03, 0.06]  # a fast edge: the draft pays ...
     assert choose_depth(reach, fast, verify, 0.03, 0)[0] == 2
+    assert choose_depth(reach, fast, verify, 0.03, 0, lookup=[0.3, 0.09])[0] == 2  # ... beside weak chains
+    assert choose_depth(reach, fast, verify, 0.03, 0, lookup=chain)[0] == 0  # not beside strong ones
 
 
 costs = st.lists(st.floats(0.0, 0.05), min_size=8, max_size=8)

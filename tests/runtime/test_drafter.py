@@ -229,6 +229,8 @@ def test_rounds_that_draft_nothing_leave_the_committed_tokens_pending_for_the_ne
     prompt = [3, 4, 5, 6, 3, 4, 5]  # "3 4 5" again: the lookup proposes 6 3 4 5
     d.start(prompt)
     d.prefill()
+    reach, nodes = d.lookup_outlook()  # p = the prior 0.5 a token, before any verdict
+    assert nodes == 4 and reach == pytest.approx([0.5, 0.25, 0.125, 0.0625])
     d.lookup_round()
     assert d.wire_tree()[0] == [6, 3, 4, 5] and eng.seen[-1][0] == prompt[:-1]  # no step ran
     plan = d.apply_verdict([0, 1], 9)  # accepts 6 3 of the chain, then the target says 9
