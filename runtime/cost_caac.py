@@ -38,15 +38,21 @@ sum over the chains' nodes of exp(score), each lookup token scoring log ``Lookup
 (``Drafter.lookup_outlook``, observed after every verdict). The chains join every drafted tree
 too, so a depth D >= 1 yields ``1 + sum_{d<=D} (1 - (1 - P(reach d)) (1 - P_lookup(d))) +
 sum_{d>D} P_lookup(d)`` (``choose_depth``; E_lookup = sum_d P_lookup(d)): a draft adds little
-where the chains are strong. Depth 0 wins where a
-draft step costs more than it buys: a slow edge under load (the PyTorch draft at ~0.3 s a step
-against a ~0.25 s target step: drafting made the round slower than the target alone), or a long
-lookup chain that the draft would only repeat. A round without a step measures neither the step
-nor the acceptance, so after ``CostConfig.max_undrafted`` such rounds in a row one round drafts
-(a probe); a probe followed by another undrafted round doubles the interval, up to
-``PROBE_BACKOFF`` times, and a drafted round after it resets it: a load that lifts is seen
-within ~32 rounds, and a draft that stays too slow costs one drafted round in 33. CAAC's own
-depth (``rapid``) stays in 1..max_depth.
+where the chains are strong. Depth 0 wins where a draft step costs more than it buys: a slow
+edge under load (the PyTorch draft at ~0.3 s a step against a ~0.25 s target step: drafting
+made every round slower per token than the target alone).
+
+It is a candidate only while CAAC's gate is shut (eta < 1: the edge is measurably slowed down),
+and it must beat the best drafted depth by ``CostConfig.skip_margin`` (5 %). A round without a
+step measures neither the step nor the acceptance, so a depth-0 choice is sticky and must not
+rest on a near tie of noisy estimates: without load, on c4, a reach estimate that a few misses
+had put at 0.18 tied the empty tree at 4.5 tokens/s and held the edge there for rounds
+(rapid-cost 5.1 tokens/s against rapid's 6.4, ``bench-out/amx-vsar-d0``). After
+``CostConfig.max_undrafted`` undrafted rounds in a row one round drafts (a probe); a probe
+followed by another undrafted round doubles the interval, up to ``PROBE_BACKOFF`` times, and a
+drafted round after it resets it: a load that lifts is seen within ~32 rounds, and a draft that
+stays too slow costs one drafted round in 33. CAAC's own depth (``rapid``) stays in
+1..max_depth.
 
 The proactive branch (IPDG) is unchanged; its target is this rule applied after the verdict it
 guesses (``next_depth_if``). CAAC's proactive time cap is not applied: the cost model already
@@ -78,9 +84,10 @@ PROBE_BACKOFF = 8  # the probe interval grows to at most this many times CostCon
 
 
 def choose_depth(reach: Sequence[float], draft_s: Sequence[float], verify_s: Sequence[float], rtt_s: float,
-                 lo: int, lookup: Sequence[float] = ()) -> tuple[int, list[float]]:
+                 lo: int, lookup: Sequence[float] = (), margin: float = 0.0) -> tuple[int, list[float]]:
     """``argmax_{D in [lo, len(reach)]} gain(D) / (draft_s[D] + verify_s[D] + rtt_s)`` (ties: the
-    shallower D) and the rate of every D (index D; 0.0 below ``lo``), where
+    shallower D; D = 0 only where its rate is ``1 + margin`` times the best drafted one) and the
+    rate of every D (index D; 0.0 below ``lo``), where
 
         gain(D) = 1 + sum_{k<=D} (1 - (1 - reach[k-1]) (1 - lookup[k-1])) + sum_{k>D} lookup[k-1]
 
@@ -95,14 +102,16 @@ def choose_depth(reach: Sequence[float], draft_s: Sequence[float], verify_s: Seq
         raise ValueError(f"need 0 <= lo <= {hi} and cost arrays of length {hi + 1}")
     chain = list(lookup) + [0.0] * max(0, hi - len(lookup))
     rates = [0.0] * (hi + 1)
-    best, best_rate = lo, -1.0
+    best, best_rate = max(1, lo), -1.0
     for d in range(lo, hi + 1):
         both = sum(1.0 - (1.0 - reach[k]) * (1.0 - chain[k]) for k in range(d))
         gain = 1.0 + both + sum(chain[d:])
         t = draft_s[d] + verify_s[d] + rtt_s
         rates[d] = gain / t if t > 0 else 0.0
-        if rates[d] > best_rate:
+        if d >= 1 and rates[d] > best_rate:
             best, best_rate = d, rates[d]
+    if lo == 0 and rates[0] > 0.0 and rates[0] >= (1.0 + margin) * best_rate:
+        best = 0
     return best, rates
 
 
@@ -200,14 +209,15 @@ class CostAwareCAAC(CAAC):
             steps = [steps[0]] + [steps[d] - (reach[d - 1] * kf + (1 - reach[d - 1]) * kp)
                                   * min(link.rtt + verify[d], whole[d]) for d in range(1, c.max_depth + 1)]
         lo = 0 if undrafted and reused <= 0 else min(c.max_depth, max(c.min_depth, reused))
-        return choose_depth(reach, steps, verify, link.rtt, lo, chains)
+        return choose_depth(reach, steps, verify, link.rtt, lo, chains, self.cost.skip_margin)
 
     def next_depth(self, proactive: bool = False, reused: int = 0) -> CAACDecision:
         """``clamp(depth*)`` at the contended step price (sigma = ESR while eta < 1), or 0 (draft
-        nothing this round) where that rate is the highest and fewer than ``max_undrafted``
-        rounds in a row drafted nothing; CAAC's depth while the costs are unknown."""
+        nothing this round) while the gate is shut, where that rate beats every drafted depth's
+        by ``skip_margin`` and fewer than the probe interval's rounds in a row drafted nothing;
+        CAAC's depth while the costs are unknown."""
         esr, eta = self._gate()
-        undrafted = self._undrafted < self._probe_every
+        undrafted = eta < 1.0 and self._undrafted < self._probe_every  # only on a measurably slowed edge
         best = self.cost_depth(reused, proactive, esr if eta < 1.0 else 1.0, undrafted)
         if best is None:
             return super().next_depth(proactive)

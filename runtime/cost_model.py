@@ -79,6 +79,7 @@ class CostConfig:
     alpha_rtt: float = 0.3  # EMA rate of the RTT and of the tree size per depth
     max_undrafted: int = 4  # rounds in a row that may skip drafting (depth 0) before one drafts to
     # re-measure the step and the acceptance (rapid.runtime.cost_caac); 0: every round drafts
+    skip_margin: float = 0.05  # a round drafts nothing only where that beats drafting by this much
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -91,6 +92,8 @@ class CostConfig:
             raise ValueError(f"CostConfig.prior_weight must be > 0, got {self.prior_weight}")
         if not isinstance(self.max_undrafted, int) or self.max_undrafted < 0:
             raise ValueError(f"CostConfig.max_undrafted must be an int >= 0, got {self.max_undrafted!r}")
+        if self.skip_margin < 0:
+            raise ValueError(f"CostConfig.skip_margin must be >= 0, got {self.skip_margin}")
         for name in ("alpha_reach", "alpha_verify", "alpha_rtt"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"CostConfig.{name} must be in (0, 1], got {getattr(self, name)}")

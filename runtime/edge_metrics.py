@@ -38,7 +38,8 @@ class EdgeMetrics:
         self.rounds = Counter("rapid_spec_decode_num_rounds", "Speculation rounds", registry=r)
         self.draft_tokens = Counter("rapid_spec_decode_num_draft_tokens", "Tree nodes sent", registry=r)
         self.accepted = Counter("rapid_spec_decode_num_accepted_tokens", "Draft tokens accepted", registry=r)
-        self.depth = Histogram("rapid_edge_tree_depth", "Planned tree depth per round", buckets=(1, 2, 3, 4, 5, 6, 8, 10, 12, 16), registry=r)
+        self.depth = Histogram("rapid_edge_tree_depth", "Planned tree depth per round (0: drafted nothing)",
+                               buckets=(0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16), registry=r)
         self.esr = Gauge("rapid_edge_esr", "Draft slowdown ratio ESR of the engine's last round (CAAC)", ["engine"], registry=r)
         self.eta = Gauge("rapid_edge_eta", "Depth gate eta of the engine's last round (CAAC)", ["engine"], registry=r)
         self.interrupts = Counter("rapid_edge_interrupts", "Proactive branches stopped by feedback", registry=r)

@@ -222,17 +222,21 @@ def test_interruptible_branch_asks_the_runtime_gate(cal, monkeypatch):
 
 
 def test_a_draft_that_costs_more_than_it_buys_is_skipped_as_the_runtime_skips_it(cal):
-    """Steps 20x the traced ones: the runtime's CostAwareCAAC sends rounds that draft nothing
-    (depth 0, probing now and then), each carrying the replayed lookup chain alone, and beats
-    the same controller told never to skip (``max_undrafted=0``); rapid (CAAC) keeps drafting."""
+    """Steps 10x the traced ones under a sustained 3x load: the runtime's CostAwareCAAC, its gate
+    shut, sends rounds that draft nothing (depth 0, probing now and then), each carrying the
+    replayed lookup chain alone, and beats the same controller told never to skip
+    (``max_undrafted=0``); rapid (CAAC) keeps drafting; without the load nothing is skipped."""
     from dataclasses import replace
 
-    slow = replace(cal, step_s=[20 * s for s in cal.step_s])
-    s, p = parse_schedule("none"), get_profile("lan")
-    skip = sim.simulate(policies.POLICIES["rapid-cost"], slow, s, p, tokens=96, seed=0)["edges"][0]
-    never = sim.simulate(policies.POLICIES["rapid-cost"], slow, s, p, tokens=96, seed=0,
-                         config=sim.CoordinatorConfig(depth=4, cost=cost_caac.CostConfig(max_undrafted=0)))["edges"][0]
-    rapid = sim.simulate(policies.POLICIES["rapid"], slow, s, p, tokens=96, seed=0)["edges"][0]
+    slow = replace(cal, step_s=[10 * s for s in cal.step_s], slowdown_by_schedule={"sustained": 3.0},
+                   warm_controller=True)  # as rapid bench: the baseline learnt without the load
+    p = get_profile("lan")
+
+    def run(policy, sched, **kw):
+        return sim.simulate(policies.POLICIES[policy], slow, parse_schedule(sched), p, tokens=96, seed=0, **kw)["edges"][0]
+
+    skip, free = run("rapid-cost", "sustained"), run("rapid-cost", "none")
+    never = run("rapid-cost", "sustained", config=sim.CoordinatorConfig(depth=4, cost=cost_caac.CostConfig(max_undrafted=0)))
     assert skip.depths.count(0) >= len(skip.depths) // 2 and 0 < skip.depths.count(0) < len(skip.depths)
-    assert min(never.depths) >= 1 and min(rapid.depths) >= 1
+    assert min(never.depths) >= 1 and min(run("rapid", "sustained").depths) >= 1 and min(free.depths) >= 1
     assert skip.tok_s > never.tok_s
