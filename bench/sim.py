@@ -20,7 +20,10 @@ Model (one edge; N edges share one cloud in the scale study):
   second; a drawn hit counts only when a step ran);
 - a round that drafts nothing (``rapid-cost`` at depth 0) sends the replayed lookup chain alone
   (no branch); the sim's controller is not told the chains (no ``observe_lookup``), so it skips
-  drafting only where the step's price alone says so.
+  drafting only where the step's price alone says so;
+- where the traces say the bench carried each policy's controller across generations
+  (``Calibration.warm_controller``), a throwaway generation under the same schedule runs first
+  and the measured one starts with its controller and branch gate after ``new_request``.
 
 The SAME policy code decides: the policy flags are the ``rapid.runtime.policies.POLICIES``
 objects, and the depth controller is the one ``rapid.runtime.coordinator.Coordinator`` builds
@@ -210,15 +213,31 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
     config = config or CoordinatorConfig(depth=cal.depth)
     rng = random.Random(seed)
     period = (sched.on_s + sched.off_s) if sched.kind == "burst" else 0.0
-    es = [_Edge(i, policy, cal, sched, prof, tokens, seed, rng.random() * period if edges > 1 else 0.0,
-                startup, config) for i in range(edges)]
+    phases = [rng.random() * period if edges > 1 else 0.0 for _ in range(edges)]
+    es = [_Edge(i, policy, cal, sched, prof, tokens, seed, phases[i], startup, config) for i in range(edges)]
+    if cal.warm_controller and policy not in (ORACLE, ORACLE_LOAD):
+        _carry_from_a_previous_generation(es, policy, cal, sched, prof, tokens, seed, phases, startup, config,
+                                          (replicas, max_batch, ingress_s))
     sim = _Cloud(es, cal, replicas, max_batch, ingress_s)
-    for e in es:
-        sim.push(e.startup, "round", e.idx)
-    sim.run()
+    sim.run_all()
     horizon = max(e.res.wall_s for e in es)
     return {"edges": [e.res for e in es], "cloud_util": sim.busy / replicas / horizon if horizon > 0 else 0.0,
             "mean_batch": statistics.fmean(sim.batches) if sim.batches else 0.0, "horizon_s": horizon}
+
+
+def _carry_from_a_previous_generation(es: list, policy, cal: Calibration, sched: Schedule, prof: NetProfile,
+                                      tokens: int, seed: int, phases: list[float], startup: bool,
+                                      config: CoordinatorConfig, cloud: tuple[int, int, float]) -> None:
+    """As ``rapid bench`` and the edge daemon carry each policy's controller (and branch gate)
+    across generations: a throwaway generation under the same schedule first, then each edge
+    starts its measured one with that controller after ``new_request`` (the logical path reset,
+    the step baselines, costs and rapid-cost's probe interval kept)."""
+    warm = [_Edge(i, policy, cal, sched, prof, tokens, seed + 1_000_003, phases[i], startup, config)
+            for i in range(len(es))]
+    _Cloud(warm, cal, *cloud).run_all()
+    for e, w in zip(es, warm, strict=True):
+        e.ctrl, e.gate = w.ctrl, w.gate
+        e.ctrl.new_request()
 
 
 class _Cloud:
@@ -236,6 +255,12 @@ class _Cloud:
         self.busy = 0.0
         self.batches: list[int] = []
         self.pending: dict[int, dict] = {}
+
+    def run_all(self) -> None:
+        """Every edge's generation, from its start-up to its last token."""
+        for e in self.es:
+            self.push(e.startup, "round", e.idx)
+        self.run()
 
     def push(self, t: float, kind: str, e: int, payload=None) -> None:
         heapq.heappush(self.events, (t, self.seq, kind, e, payload))

@@ -225,7 +225,9 @@ def test_a_draft_that_costs_more_than_it_buys_is_skipped_as_the_runtime_skips_it
     """Steps 10x the traced ones under a sustained 3x load: the runtime's CostAwareCAAC, its gate
     shut, sends rounds that draft nothing (depth 0, probing now and then), each carrying the
     replayed lookup chain alone, and beats the same controller told never to skip
-    (``max_undrafted=0``); rapid (CAAC) keeps drafting; without the load nothing is skipped."""
+    (``max_undrafted=0``); rapid (CAAC) keeps drafting; without the load nothing is skipped. With
+    a carried controller (the traces say the bench carried it) the measured generation starts
+    where a previous one left the controller: undrafted from its first round."""
     from dataclasses import replace
 
     slow = replace(cal, step_s=[10 * s for s in cal.step_s], slowdown_by_schedule={"sustained": 3.0},
@@ -240,3 +242,8 @@ def test_a_draft_that_costs_more_than_it_buys_is_skipped_as_the_runtime_skips_it
     assert skip.depths.count(0) >= len(skip.depths) // 2 and 0 < skip.depths.count(0) < len(skip.depths)
     assert min(never.depths) >= 1 and min(run("rapid", "sustained").depths) >= 1 and min(free.depths) >= 1
     assert skip.tok_s > never.tok_s
+    # the controller carried from a previous generation, as rapid bench carries it: no cold start
+    assert skip.depths[0] == 0 and run("rapid-cost", "sustained").depths == skip.depths
+    cold = sim.simulate(policies.POLICIES["rapid-cost"], replace(slow, warm_controller=False),
+                        parse_schedule("sustained"), p, tokens=96, seed=0)["edges"][0]
+    assert cold.depths[0] > 0
