@@ -206,19 +206,21 @@ class Drafter:
         """Merge the prompt-lookup continuations of the committed tokens into the active tree,
         each token scoring log of the request's learnt ``LookupStats.p`` (``rapid.runtime.lookup``;
         none with ``params.lookup == 0``). The caller prunes."""
-        p = self.params
-        self._proposed = lookup_continuations(self.committed, p.lookup, p.lookup_branches)
-        for cont in self._proposed:
-            self.tree.add_chain(cont, math.log(self.lookup.p), self.stop_ids)
+        self._proposed = self._add_chains(self.tree)
 
-    def _lookup_tree(self) -> TokenTree:
-        """The lookup chains of the committed tokens alone, pruned as a drafted tree is."""
-        tree, self._proposed = TokenTree(), lookup_continuations(self.committed, self.params.lookup,
-                                                                 self.params.lookup_branches)
-        for cont in self._proposed:
+    def _add_chains(self, tree: TokenTree) -> list[list[int]]:
+        p = self.params
+        chains = lookup_continuations(self.committed, p.lookup, p.lookup_branches)
+        for cont in chains:
             tree.add_chain(cont, math.log(self.lookup.p), self.stop_ids)
+        return chains
+
+    def _lookup_tree(self) -> tuple[TokenTree, list[list[int]]]:
+        """The lookup chains of the committed tokens alone, pruned as a drafted tree is."""
+        tree = TokenTree()
+        chains = self._add_chains(tree)
         tree.prune(self.params.budget, floor=self.params.floor)
-        return tree
+        return tree, chains
 
     def lookup_round(self) -> None:
         """A round that drafts nothing (depth 0): the tree is the prompt-lookup chains alone
@@ -226,19 +228,14 @@ class Drafter:
         the committed tokens stay pending, fed by the next round that drafts."""
         if self.levels:
             raise DraftStateError("a round without a draft step needs a tree with no drafted level")
-        self.tree = self._lookup_tree()
+        self.tree, self._proposed = self._lookup_tree()
 
     def lookup_outlook(self) -> tuple[list[float], int]:
         """Of the tree ``lookup_round`` would send now: P(its chains carry the accepted path to
-        level k) for k = 1.. (the sum of exp(score) over its nodes at that depth, each lookup
-        token scoring log ``LookupStats.p``; the chains are disjoint), and its node count."""
-        proposed = self._proposed
-        tree = self._lookup_tree()
-        self._proposed = proposed  # only looking: the round's own proposals stay what it sent
-        reach = [0.0] * tree.max_depth
-        for depth, score in zip(tree.depth, tree.score, strict=True):
-            reach[depth - 1] += math.exp(score)
-        return reach, len(tree)
+        level k) for k = 1.. (``TokenTree.level_mass``: each lookup token scores log
+        ``LookupStats.p``, the chains are disjoint), and its node count."""
+        tree, _ = self._lookup_tree()
+        return tree.level_mass(), len(tree)
 
     def _below_roots(self) -> list[int]:
         """The branch's nodes under its roots (strict descendants of any root)."""

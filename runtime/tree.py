@@ -119,6 +119,14 @@ class TokenTree:
     def max_depth(self) -> int:
         return max(self.depth, default=0)
 
+    def level_mass(self) -> list[float]:
+        """Per level k = 1..max_depth, the sum of exp(score) over its nodes: P(the accepted path
+        reaches level k) where the scores are log-probabilities of disjoint paths."""
+        mass = [0.0] * self.max_depth
+        for depth, score in zip(self.depth, self.score, strict=True):
+            mass[depth - 1] += math.exp(score)
+        return mass
+
     def children(self, i: int) -> list[int]:
         return [j for j, p in enumerate(self.parents) if p == i]
 
