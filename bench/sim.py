@@ -56,6 +56,7 @@ from rapid.bench.netem import NetProfile
 from rapid.bench.oracle_plan import plan_depth
 from rapid.runtime.branch_gate import WAVES, BranchGate
 from rapid.runtime.coordinator import CoordinatorConfig, controller_for
+from rapid.runtime.depth_control import round_depth
 from rapid.runtime.policies import POLICIES, Policy
 
 ORACLE = "oracle"
@@ -309,8 +310,7 @@ class _Cloud:
         elif not e.policy.drafting:
             depth = 0
         else:
-            depth = max(min(e.decision.depth, e.target - e.pos), e.reused)
-            depth = depth if e.decision.depth == 0 else max(1, depth)  # 0: a round that drafts nothing
+            depth = round_depth(e.decision.depth, e.target - e.pos, e.reused)
         t = now
         if e.prefill and e.policy.drafting:  # the draft prefill runs inside the first round
             t += e.prefill * e.factor(t)

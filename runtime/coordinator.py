@@ -45,7 +45,7 @@ from rapid.runtime.budget import settle_cloud, settle_draft
 from rapid.runtime.caac import CAAC, CAACConfig, FixedDepth
 from rapid.runtime.cost_caac import CostAwareCAAC
 from rapid.runtime.cost_model import CostConfig
-from rapid.runtime.depth_control import CAACDecision, DepthController
+from rapid.runtime.depth_control import CAACDecision, DepthController, round_depth
 from rapid.runtime.drafter import Drafter
 from rapid.runtime.link import CloudLink
 from rapid.runtime.policies import Policy, get_policy
@@ -224,8 +224,7 @@ class Coordinator:
         decision = self.controller.next_depth(self.policy.proactive)
         round_id = 0
         while True:
-            depth = max(min(decision.depth, max_new - len(out.tokens)), self.drafter.levels)
-            depth = depth if decision.depth == 0 and self.policy.drafting else max(1, depth)  # 0: draft nothing
+            depth = round_depth(decision.depth, max_new - len(out.tokens), self.drafter.levels)
             rec = RoundRecord(round_id, self.policy.name, depth if self.policy.drafting else 0, 0,
                               t_start=self.clock())
             _fill_decision(rec, decision)
@@ -303,7 +302,7 @@ class Coordinator:
         # a round that drafted nothing says nothing of the draft's acceptance (depth 0: ignored)
         self.controller.observe_round(len(verdict.path), depth if p_drafts else max(depth, 1), rec.cloud_s,
                                       decision.b_hat)
-        if p_drafts:
+        if self.policy.cost_aware:  # the only controller that prices the lookup chains
             self.controller.observe_lookup(*d.lookup_outlook())
         # settled on the freshest acceptance, knowing the levels the kept branch supplies
         return plan.emitted, self.controller.next_depth(self.policy.proactive, d.levels)

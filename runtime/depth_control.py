@@ -27,6 +27,14 @@ class CAACDecision:
     capped_by_time: bool
 
 
+def round_depth(decided: int, left: int, kept: int) -> int:
+    """The depth a drafting round runs: the decision, capped by the ``left`` tokens to generate,
+    at least the ``kept`` levels a proactive branch supplied, at least 1, except a decided 0 (a
+    round that drafts nothing, ``rapid.runtime.cost_caac``)."""
+    depth = max(min(decided, left), kept)
+    return depth if decided == 0 else max(1, depth)
+
+
 class DepthController(Protocol):
     """What the coordinator needs from a depth policy (CAAC or FixedDepth)."""
 
