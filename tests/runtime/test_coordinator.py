@@ -86,35 +86,28 @@ def test_proactive_policies_reach_depth_8_as_fast_as_caac(tiny_pair):
     assert depth_runs["rapid"] == caac and depth_runs["npdg-caac"] == caac, depth_runs
 
 
-class SlowingClock:
-    """The drafter's clock (the only thing injected): a step takes ``fast`` seconds for the first
-    ``steps`` steps, then ``slow`` (a load lands on the edge). Each step reads it twice."""
-
-    def __init__(self, fast: float, slow: float, steps: int) -> None:
-        self.t, self.calls, self.fast, self.slow, self.limit = 0.0, 0, fast, slow, 2 * steps
-
-    def __call__(self) -> float:
-        self.calls += 1
-        if self.calls % 2 == 0:
-            self.t += self.fast if self.calls <= self.limit else self.slow
-        return self.t
-
-
 def test_rapid_cost_drafts_nothing_where_a_step_costs_more_than_it_buys(tiny_pair):
-    """Draft steps of 2.5 ms, then 30x slower (an injected clock), against a loopback verify of a
-    few ms: once CAAC's gate shuts, a round that drafts nothing (the prompt-lookup chains alone,
-    or one target step) has the best rate, so rapid-cost sends those and drafts now and then to
-    re-measure the step. The tokens are the target's, greedy and seeded sampling; a round without
-    a draft step runs no branch, and the committed tokens it leaves unfed are fed by the next
-    round that drafts."""
+    """A carried controller whose step baselines (every size 1..32) were learnt at 2.5 ms, then
+    draft steps of 75 ms (an injected clock) against a loopback verify of a few ms: CAAC's gate
+    shuts, a round that drafts nothing (the prompt-lookup chains alone, or one target step) has
+    the best rate, so rapid-cost sends those and drafts now and then to re-measure the step. The
+    tokens are the target's, greedy and seeded sampling; a round without a draft step runs no
+    branch, and the committed tokens it leaves unfed are fed by the next round that drafts. (The
+    baselines are taught for every size up front: which sizes a generation steps at depends on
+    when its verdicts arrive, and a size first seen under the load would take it as its baseline.)"""
     target, drafts = tiny_pair
     server = BackgroundServer(VerifierServer(target))
     prompt = list(b"abc abd abc abd abc abd abc")
     try:
         for sampling in (SamplingParams(), SamplingParams(temperature=0.8, seed=3)):
+            cfg = CoordinatorConfig(depth=4)
+            ctrl = controller_for(POLICIES["rapid-cost"], cfg)
+            for _ in range(4):
+                for tokens in range(1, 33):
+                    ctrl.observe_step(0.0025, tokens)
             drafter = Drafter(TorchEngine(drafts["partial"], capacity=512), TreeParams(4, 12, 2, 2), (EOS_ID,),
-                              clock=SlowingClock(0.0025, 0.075, 24))
-            coord = Coordinator(drafter, CloudLink(server.url), POLICIES["rapid-cost"], CoordinatorConfig(depth=4))
+                              clock=itertools.count(0.0, 0.075).__next__)
+            coord = Coordinator(drafter, CloudLink(server.url), POLICIES["rapid-cost"], cfg, controller=ctrl)
             gen = asyncio.run(coord.generate(prompt, 60, sampling))
             assert gen.tokens == reference_decode(target, prompt, 60, sampling, (EOS_ID,))
             undrafted = [r for r in gen.records if r.depth == 0]
