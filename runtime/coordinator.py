@@ -144,9 +144,9 @@ class Coordinator:
             # backends) said it is complete → read the flag
             if self.policy.interruptible and self.link.feedback.is_set():
                 return steps, steps
-            if if_hit is not None and d.branch is not None:
-                depth, if_hit = if_hit(0 if d.branch.node < 0 else d.tree.depth[d.branch.node]), None
-            if d.branch_levels() >= depth:
+            if if_hit is not None and d.roots.best is not None:
+                depth, if_hit = if_hit(0 if d.roots.best.node < 0 else d.tree.depth[d.roots.best.node]), None
+            if d.roots.levels(d.tree) >= depth:
                 break
         return steps, None
 
@@ -275,7 +275,7 @@ class Coordinator:
             path = list(verdict.path)
             rec.proactive_hit = d.branch_hit(path, verdict.bonus)
             rec.branch_outcome = d.branch_outcome(path, verdict.bonus)
-            if d.branches:  # roots chosen: judged even when the gate stopped it before they were fed
+            if d.roots:  # roots chosen: judged even when the gate stopped it before they were fed
                 self.gate.observe_kept(d.branch_landing(path, verdict.bonus), WAVES if rec.proactive_steps else 1)
             if not rec.proactive_hit:
                 rec.discarded_steps = rec.proactive_steps

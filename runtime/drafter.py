@@ -8,7 +8,8 @@ Invariants (checked by tests):
 One expansion step is one engine call. Step 0 of a tree feeds the pending tokens (causal) and
 yields the root's children, and the prompt-lookup chains join (``runtime.lookup``); every later
 step feeds the best ``width`` expandable nodes at any depth (best-first, ``runtime.tree``). The
-proactive branch (IPDG) uses the same steps under the chosen roots (``runtime.ipdg``).
+proactive branch (IPDG) uses the same steps under the chosen roots (``runtime.ipdg`` chooses
+them, ``runtime.branch_roots`` records where they hang).
 
 Children are ranked and scored by the draft's log-softmax under greedy decoding (or with
 ``TreeParams.coupled`` off); when the request samples they are coupled to the target's seeded
@@ -35,15 +36,9 @@ from rapid.core.errors import RapidError
 from rapid.core.geometry import ROOT, ancestor_mask, causal_allowed, node_positions
 from rapid.core.sampling import SamplingParams, log_softmax
 from rapid.engines.base import DraftEngine, StepHandle
+from rapid.runtime.branch_roots import BranchRoots
 from rapid.runtime.coupling import coupled_top
-from rapid.runtime.ipdg import (
-    ProactiveRoot,
-    VerdictPlan,
-    branch_outcome,
-    choose_proactive_roots,
-    landing_root,
-    plan_verdict,
-)
+from rapid.runtime.ipdg import VerdictPlan, choose_proactive_roots, plan_verdict
 from rapid.runtime.lookup import LookupStats, lookup_continuations
 from rapid.runtime.transcript import Transcript
 from rapid.runtime.tree import TokenTree, TreeParams, best_tokens
@@ -88,9 +83,7 @@ class Drafter:
         self.prefix_len = 0
         self.tree = TokenTree()
         self.levels = 0  # expansion steps already applied to the active tree
-        self.branches: list[ProactiveRoot] = []  # the proactive branch's roots, best first
-        self.branch_nodes: list[int] = []  # their tree nodes, in the same order
-        self.branch_fed_by: list[int] = []  # the branch step that feeds each (0: the first, 1: a later one)
+        self.roots = BranchRoots()  # the proactive branch's roots (runtime.branch_roots)
         self._branch_width = params.width
         self.sampling = SamplingParams()
         self.lookup = LookupStats(params.lookup_p)
@@ -106,7 +99,7 @@ class Drafter:
         self.prefix_len = 0
         self.tree = TokenTree()
         self.levels = 0
-        self._drop_roots()  # a request that ended mid-round may have left a branch
+        self.roots.clear()  # a request that ended mid-round may have left a branch
         self._branch_width = self.params.width
         self.lookup = LookupStats(self.params.lookup_p)
         self._proposed = []
@@ -237,11 +230,6 @@ class Drafter:
         tree, _ = self._lookup_tree()
         return tree.level_mass(), len(tree)
 
-    def _below_roots(self) -> list[int]:
-        """The branch's nodes under its roots (strict descendants of any root)."""
-        roots = set(self.branch_nodes)
-        return [i for i in range(len(self.tree)) if roots.intersection(self.tree.path(i)[:-1])]
-
     def _grow_branch(self, nodes: list[int], leaves: list[int] = ()) -> StepRecord:
         """Feed ``nodes`` of the branch (and, in the same forward, D_i's unfed ``leaves``, whose
         next tokens only become known), add the branch nodes' children, prune the branch's own
@@ -252,26 +240,8 @@ class Drafter:
         rec = self._feed_nodes(list(leaves) + nodes, "leaf" if leaves else "branch")
         for i in nodes:
             self.tree.add_children(i, self.params.topk, self.stop_ids)
-        kept = self.tree.prune(self.params.budget, among=self._below_roots())
-        self.branch_nodes = [kept.index(b) for b in self.branch_nodes]
+        self.roots.renumber(self.tree.prune(self.params.budget, among=self.roots.below(self.tree)))
         return rec
-
-    def _add_roots(self, roots: list[ProactiveRoot], fed_by: int) -> list[int]:
-        """Hang ``roots`` (unfed; the branch step ``fed_by`` feeds them) below their nodes and list
-        them with the branch's roots, best first; return their new nodes."""
-        t, new = self.tree, []
-        for root in roots:
-            base_depth = 0 if root.node == ROOT else t.depth[root.node]
-            new.append(t.add_node(root.token, root.node, base_depth + 1, root.score))
-        rows = sorted(zip(self.branches + roots, self.branch_nodes + new, self.branch_fed_by + [fed_by] * len(roots),
-                          strict=True), key=lambda row: -row[0].score)
-        self.branches = [r for r, _, _ in rows]  # no rows (no roots at all) leaves three empty lists
-        self.branch_nodes = [n for _, n, _ in rows]
-        self.branch_fed_by = [w for _, _, w in rows]
-        return new
-
-    def _drop_roots(self) -> None:
-        self.branches, self.branch_nodes, self.branch_fed_by = [], [], []
 
     def draft(self, depth: int, on_step: Callable[[StepRecord], None] | None = None,
               confidence_floor: float | None = None) -> list[StepRecord]:
@@ -325,36 +295,27 @@ class Drafter:
     def save_boundary(self) -> Boundary:
         return Boundary(self.tree.copy(), self.engine.kv_len)
 
-    @property
-    def branch(self) -> ProactiveRoot | None:
-        """The branch's best root (None when no branch was chosen this round)."""
-        return self.branches[0] if self.branches else None
-
-    def _hit_root(self, path: list[int], bonus: int) -> int | None:
-        """Index into ``branches`` of the root the verdict (path, bonus) lands on, if any."""
-        return landing_root(self.branches, path, bonus)
-
     def branch_hit(self, path: list[int], bonus: int) -> bool | None:
         """Did the proactive branch guess the verdict (one of its fed roots ends the accepted path
         and carries the bonus)? None when no root was chosen this round."""
-        return self.branch_outcome(path, bonus) == "hit" if self.branch_nodes else None
+        return self.branch_outcome(path, bonus) == "hit" if self.roots else None
 
     def branch_outcome(self, path: list[int], bonus: int) -> str:
         """Where the verdict (path, bonus) landed for this round's branch (``runtime.ipdg.branch_outcome``)."""
-        return branch_outcome(self.tree, self.branches, self.branch_nodes, path, bonus)
+        return self.roots.outcome(self.tree, path, bonus)
 
     def branch_landing(self, path: list[int], bonus: int) -> int | None:
         """The branch step that feeds (or would feed) the root the verdict (path, bonus) lands on,
         fed or not (what a branch stopped before its roots were fed would have scored): 0 for the
         first step, 1 for a later one; None when it lands on no chosen root."""
-        k = self._hit_root(path, bonus)
-        return None if k is None else self.branch_fed_by[k]
+        k = self.roots.landing(path, bonus)
+        return None if k is None else self.roots.fed_by[k]
 
     def restore_boundary(self, b: Boundary) -> None:
         """Drop everything expanded after ``b``: the tree as saved, the KV extent as saved."""
         self.tree = b.tree.copy()
         self.engine.truncate(b.kv_len)
-        self._drop_roots()
+        self.roots.clear()
 
     def proactive_steps(self, width: int | None = None) -> Iterator[StepRecord]:
         """The proactive expansion steps, one at a time (the caller checks feedback between them
@@ -380,8 +341,8 @@ class Drafter:
         leaves = self.tree.with_chains(self.tree.frontier(self.params.width, stop_ids=self.stop_ids),
                                        self.stop_ids)
         chain = width == 1 and bool(leaves)  # its one root is chosen once the leaves are known
-        early = [] if chain else self._add_roots(
-            choose_proactive_roots(self.tree, self.params.branch_decay, k, self.params.floor, sent), 0)
+        early = [] if chain else self.roots.hang(
+            self.tree, choose_proactive_roots(self.tree, self.params.branch_decay, k, self.params.floor, sent), 0)
         return self._branch_steps(early, leaves, k, sent)
 
     def _branch_steps(self, early: list[int], leaves: list[int], k: int, sent: int) -> Iterator[StepRecord]:
@@ -389,35 +350,26 @@ class Drafter:
         rec = self._grow_branch(early, leaves) if leaves or early else None
         late: list[int] = []
         if leaves:  # chosen before step 0 is handed out: the branch's best root is then known
-            floor = self.params.floor if self.branches else -math.inf
-            late = self._add_roots([r for r in choose_proactive_roots(self.tree, self.params.branch_decay, k,
-                                                                      self.params.floor, sent) if r.score >= floor], 1)
+            floor = self.params.floor if self.roots else -math.inf
+            late = self.roots.hang(self.tree, [r for r in choose_proactive_roots(
+                self.tree, self.params.branch_decay, k, self.params.floor, sent) if r.score >= floor], 1)
         if rec is not None:
             yield rec
         if late:
             yield self._grow_branch(late)
-        if not self.branches:
+        if not self.roots:
             return
         while True:
-            nodes = self.tree.frontier(self._branch_width, self._below_roots(), self.stop_ids)
+            nodes = self.tree.frontier(self._branch_width, self.roots.below(self.tree), self.stop_ids)
             if not nodes:
                 return
             yield self._grow_branch(nodes)
 
-    def branch_levels(self, root: int = 0) -> int:
-        """Steps of D_{i+1} already done below root ``root`` (feeding the roots counts as step 0)."""
-        if root >= len(self.branch_nodes) or self.tree.slot[self.branch_nodes[root]] < 0:
-            return 0
-        b = self.branch_nodes[root]
-        d0 = self.tree.depth[b]
-        fed = [self.tree.depth[i] - d0 for i in range(len(self.tree)) if self.tree.slot[i] >= 0 and b in self.tree.path(i)]
-        return 1 + max(fed, default=0)
-
     # ---- verdict --------------------------------------------------------------------------
     def apply_verdict(self, path: list[int], bonus: int) -> VerdictPlan:
         """Commit path + bonus; keep the branch if it guessed right, else everything is dropped."""
-        hit_root = self._hit_root(path, bonus)
-        levels_kept = 0 if hit_root is None else self.branch_levels(hit_root)
+        hit_root = self.roots.landing(path, bonus)
+        levels_kept = 0 if hit_root is None else self.roots.levels(self.tree, hit_root)
         plan = plan_verdict(self.tree, path, bonus, self.prefix_len)
         self.lookup.observe(self._proposed, plan.emitted)
         self._proposed = []
@@ -428,7 +380,7 @@ class Drafter:
         # was never fed: what was pending then still is, before this verdict's tokens
         self.tree = plan.next_tree
         self.levels = levels_kept if plan.hit and plan.next_tree.root_top is not None else 0
-        self._drop_roots()
+        self.roots.clear()
         if self.levels:  # a kept branch skips step 0, where lookup candidates join a new tree
             self.add_lookup()
             self.tree.prune(self.params.budget, floor=self.params.floor)

@@ -135,7 +135,7 @@ def test_a_branch_with_no_outcome_known_before_its_first_step_still_runs(engine)
     d.tree.add_node(third, ROOT, 1, lp)
     steps = d.proactive_steps()
     next(steps)
-    assert d.branches and set(d.branch_fed_by) == {1}  # every root is second-wave: chosen once the leaves were fed
+    assert d.roots.roots and set(d.roots.fed_by) == {1}  # every root is second-wave: chosen once the leaves were fed
 
 
 @pytest.mark.parametrize("roots, width", [(1, 1), (3, 2)])
@@ -147,8 +147,8 @@ def test_proactive_branch_first_level_respects_the_budget(engine, roots, width):
     d.start([3, 4, 5])
     d.draft(1)
     for _ in d.proactive_steps(width=width):
-        assert len(d.branch_nodes) in (0, len(d.branches)) and len(d.branches) <= (1 if width == 1 else 2 * roots)  # k known, k once leaves are fed
-        under = [i for i in range(len(d.tree)) if set(d.branch_nodes).intersection(d.tree.path(i)[:-1])]
+        assert len(d.roots.nodes) in (0, len(d.roots.roots)) and len(d.roots.roots) <= (1 if width == 1 else 2 * roots)  # k known, k once leaves are fed
+        under = [i for i in range(len(d.tree)) if set(d.roots.nodes).intersection(d.tree.path(i)[:-1])]
         assert len(under) <= 1
 
 
@@ -207,7 +207,7 @@ def test_a_lookup_chain_is_fed_whole_in_the_branchs_first_step_and_its_end_can_b
     for r, i in rows.items():
         assert fed[r] == d.tree.tokens[i] and seen[r] == prompt + path_tokens(d, i)
     next(steps)  # the roots chosen once the chain's end is known are fed
-    root = d.branches[0]
+    root = d.roots.roots[0]
     assert root.node == chain[-1]
     plan = d.apply_verdict(chain, root.token)
     assert plan.hit and plan.emitted == [8, 9, 10, 5, root.token] and d.levels >= 1

@@ -141,7 +141,7 @@ def test_npdg_ignores_feedback_and_runs_to_depth(tiny_pair):
     link.feedback.set()
     steps, interrupted_at = Coordinator(d, link, POLICIES["npdg"], CoordinatorConfig(depth=3))._branch(depth=3)
     assert interrupted_at is None
-    assert d.branch_levels() == 3 and steps >= 3
+    assert d.roots.levels(d.tree) == 3 and steps >= 3
 
 
 @pytest.mark.parametrize("n_steps", [1, 2, 4])
@@ -173,8 +173,8 @@ def test_kept_branch_equals_fresh_drafting(tiny_pair, draft_name):
     params = TreeParams(3, 10, 2, 2)
     eng, d = drafted(draft, params=params)
     steps = list(zip(range(4), d.proactive_steps(), strict=False))
-    assert len(steps) == 4 and d.branch is not None
-    br = d.branch
+    assert len(steps) == 4 and d.roots.best is not None
+    br = d.roots.best
     path = d.tree.path(br.node) if br.node >= 0 else []
     d.apply_verdict(path, br.token)  # the verdict the branch guessed
     assert d.levels >= 2
@@ -217,7 +217,7 @@ def test_branch_then_verdict_round_trip_is_exact(tiny_pair, roots):
         b = d.save_boundary()
         for _, _ in zip(range(3), d.proactive_steps(), strict=False):
             pass
-        assert 1 <= len(d.branches) <= 2 * roots  # k known outcomes, then k more once the leaves are fed
+        assert 1 <= len(d.roots.roots) <= 2 * roots  # k known outcomes, then k more once the leaves are fed
         v = session.verify(toks, par)
         if not d.branch_hit(list(v.path), v.bonus):
             d.restore_boundary(b)
@@ -246,9 +246,9 @@ def test_a_hit_on_a_later_root_keeps_that_roots_subtree_with_its_own_kv(tiny_pai
     eng, d = drafted(draft, params=params)
     for _ in zip(range(3), d.proactive_steps(), strict=False):
         pass
-    assert len(d.branches) >= 2
-    second, node = d.branches[1], d.branch_nodes[1]
-    expect = [d.tree.tokens[i] for i in d.tree.path(node)] + [d.tree.tokens[i] for i in d._below_roots()
+    assert len(d.roots.roots) >= 2
+    second, node = d.roots.roots[1], d.roots.nodes[1]
+    expect = [d.tree.tokens[i] for i in d.tree.path(node)] + [d.tree.tokens[i] for i in d.roots.below(d.tree)
                                                                 if node in d.tree.path(i)]
     path = d.tree.path(second.node) if second.node >= 0 else []
     assert d.branch_hit(path, second.token)
@@ -272,15 +272,15 @@ def test_each_root_names_the_branch_step_that_feeds_it(tiny_pair):
     _, d = drafted(drafts["partial"], params=params)
     steps = d.proactive_steps()
     next(steps)
-    assert sorted(set(d.branch_fed_by)) == [0, 1]  # both waves chosen once the first step is handed out
-    fed = [d.tree.slot[n] >= 0 for n in d.branch_nodes]
-    assert fed == [w == 0 for w in d.branch_fed_by]
+    assert sorted(set(d.roots.fed_by)) == [0, 1]  # both waves chosen once the first step is handed out
+    fed = [d.tree.slot[n] >= 0 for n in d.roots.nodes]
+    assert fed == [w == 0 for w in d.roots.fed_by]
     next(steps)
-    assert all(d.tree.slot[n] >= 0 for n in d.branch_nodes)
-    for root, wave in zip(d.branches, d.branch_fed_by, strict=True):
+    assert all(d.tree.slot[n] >= 0 for n in d.roots.nodes)
+    for root, wave in zip(d.roots.roots, d.roots.fed_by, strict=True):
         path = d.tree.path(root.node) if root.node >= 0 else []
         assert d.branch_landing(path, root.token) == wave
     top = d.tree.root_top or []
-    kids = {d.tree.tokens[i] for i in d.tree.children(-1)} | {r.token for r in d.branches if r.node < 0}
+    kids = {d.tree.tokens[i] for i in d.tree.children(-1)} | {r.token for r in d.roots.roots if r.node < 0}
     other = next(t for t in range(256) if t not in kids and t not in [x for x, _ in top])
-    assert d.branches and d.branch_landing([], other) is None  # roots chosen, none of them the verdict's
+    assert d.roots.roots and d.branch_landing([], other) is None  # roots chosen, none of them the verdict's
