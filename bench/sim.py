@@ -139,11 +139,13 @@ class _Edge:
         """Levels of the tree a round sends for a drafted ``depth``: the traced levels after the
         send cut, or a longer prompt-lookup chain where the replay offers one (the oracle drafts
         exactly the chain it planned). A round that drafts nothing (depth 0: ``rapid-cost``) sends
-        the chain alone."""
+        the chain alone. As the coordinator, nothing past ``left - 1`` levels (the bonus token ends
+        the generation there)."""
         if self.oracle or not self.policy.drafting:
             return depth
         chain = self.cal.reach(self.offset + self.pos)
-        return chain if depth <= 0 else max(self.cal.levels(depth, self.policy.name), chain)
+        levels = chain if depth <= 0 else max(self.cal.levels(depth, self.policy.name), chain)
+        return min(levels, max(0, self.target - self.pos - 1))
 
     def factor(self, t: float) -> float:
         s = self.sched

@@ -224,11 +224,12 @@ class Coordinator:
         decision = self.controller.next_depth(self.policy.proactive)
         round_id = 0
         while True:
-            depth = round_depth(decision.depth, max_new - len(out.tokens), self.drafter.levels)
+            left = max_new - len(out.tokens)
+            depth = round_depth(decision.depth, left, self.drafter.levels)
             rec = RoundRecord(round_id, self.policy.name, depth if self.policy.drafting else 0, 0,
                               t_start=self.clock())
             _fill_decision(rec, decision)
-            tokens, parents, sent = await self._draft_round(depth, rec)
+            tokens, parents, sent = await self._draft_round(depth, left, rec)
             verdict = await self._send_and_await(round_id, tokens, parents, depth, decision, rec)
             emitted, decision = self._apply(verdict, depth, decision, rec, sent)
             done = out.take(verdict, emitted, rec)
@@ -238,9 +239,11 @@ class Coordinator:
                 return out.tokens, out.records, out.stopped, out.scores
             round_id += 1
 
-    async def _draft_round(self, depth: int, rec: RoundRecord) -> tuple[list[int], list[int], SentTree]:
-        """Expand D_i to ``depth`` levels on a worker, cut it to the nodes that pay for their
-        verify time (``TreeParams.cost_cut``); the wire tree and what the cut learns from (empty for ``ar``)."""
+    async def _draft_round(self, depth: int, left: int, rec: RoundRecord) -> tuple[list[int], list[int], SentTree]:
+        """Expand D_i to ``depth`` levels on a worker, drop what cannot be emitted (nodes deeper
+        than ``left - 1``: a lookup chain or a kept branch reaches past the last round's end, and the
+        bonus token supplies the last one), cut it to the nodes that pay for their verify time
+        (``TreeParams.cost_cut``); the wire tree and what the cut learns from (empty for ``ar``)."""
         if not self.policy.drafting:
             return [], [], SentTree()
         t0 = self.clock()
@@ -250,6 +253,7 @@ class Coordinator:
             rec.draft_steps = await asyncio.shield(self._spawn(self._draft, depth))
         rec.draft_s = self.clock() - t0
         d = self.drafter
+        d.tree.cap_depth(left - 1)
         if d.params.cost_cut:
             d.cut(self.cut.nodes(d.tree.score, rec.draft_s, d.lookup_flags()))
         tokens, parents = d.wire_tree()

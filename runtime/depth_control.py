@@ -28,10 +28,12 @@ class CAACDecision:
 
 
 def round_depth(decided: int, left: int, kept: int) -> int:
-    """The depth a drafting round runs: the decision, capped by the ``left`` tokens to generate,
-    at least the ``kept`` levels a proactive branch supplied, at least 1, except a decided 0 (a
-    round that drafts nothing, ``rapid.runtime.cost_caac``)."""
-    depth = max(min(decided, left), kept)
+    """The depth a drafting round runs: the decision, capped by ``left - 1`` (``left`` tokens still
+    to generate: a verdict emits its accepted path and then the target's own bonus token, so a
+    node at depth ``left`` could only repeat that bonus), at least the ``kept`` levels a proactive
+    branch supplied, at least 1, except a decided 0 (a round that drafts nothing,
+    ``rapid.runtime.cost_caac``)."""
+    depth = max(min(decided, left - 1), kept)
     return depth if decided == 0 else max(1, depth)
 
 

@@ -119,6 +119,11 @@ class TokenTree:
     def max_depth(self) -> int:
         return max(self.depth, default=0)
 
+    def cap_depth(self, levels: int) -> None:
+        """Keep only the nodes at depth <= ``levels`` (ancestor-closed: depth grows along a path)."""
+        if self.max_depth > levels:
+            self.select([i for i in range(len(self)) if self.depth[i] <= levels])
+
     def level_mass(self) -> list[float]:
         """Per level k = 1..max_depth, the sum of exp(score) over its nodes: P(the accepted path
         reaches level k) where the scores are log-probabilities of disjoint paths."""

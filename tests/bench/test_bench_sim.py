@@ -147,7 +147,8 @@ def test_per_set_acceptance_replays_that_set(cal):
     s, p = parse_schedule("none"), get_profile("lan")
     hi = sim.simulate(policies.POLICIES["fixed"], all_hit, s, p, tokens=64, seed=0)["edges"][0]
     lo = sim.simulate(policies.POLICIES["fixed"], none_hit, s, p, tokens=64, seed=0)["edges"][0]
-    assert hi.accepted / hi.rounds == 4 and lo.accepted == 0
+    assert hi.accepted == sum(hi.depths) and hi.depths[:-1] == [4] * (hi.rounds - 1) and lo.accepted == 0
+    assert hi.depths[-1] == 3  # 60 tokens after 12 rounds: 3 levels and the bonus make the last 4
     assert hi.tok_s > lo.tok_s
 
 

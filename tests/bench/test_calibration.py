@@ -37,7 +37,9 @@ def test_a_cut_tree_accepted_whole_is_not_a_rejection(cal):
     assert fit.p_accept == 1.0 and 0 not in fit.match_bits
     assert fit.levels(4, "fixed") == 2 and fit.levels(3, "fixed") == 3  # untraced: as drafted
     res = _sim("fixed", fit)
-    assert res.accepted == sum(min(d, 2) for d in res.depths)  # the last round is clamped to the tokens left
+    # every round accepts the levels it sends: 2 of a drafted 4; the last, capped at 3 by the 4 tokens
+    # left, sends 3 (untraced: as drafted)
+    assert res.accepted == sum(fit.levels(d, "fixed") for d in res.depths) and res.depths[-1] == 3
 
 
 def test_a_lookup_chain_reaches_past_the_drafted_depth(cal):

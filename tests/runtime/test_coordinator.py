@@ -117,3 +117,25 @@ def test_rapid_cost_drafts_nothing_where_a_step_costs_more_than_it_buys(tiny_pai
             assert any(r.depth > 0 for r in gen.records[len(gen.records) // 2:])  # it still probes
     finally:
         server.close()
+
+
+def test_no_round_sends_a_node_past_the_last_token(tiny_pair):
+    """With ``left`` tokens to go a verdict emits at most ``left`` (its accepted path, then the
+    target's bonus), so a node deeper than ``left - 1`` is verify time for nothing. The prompt
+    repeats, so its first round carries an 8-token lookup chain: without the cap that round sent
+    depth 8 whatever ``max_new``. The tokens stay the target's."""
+    target, drafts = tiny_pair
+    server = BackgroundServer(VerifierServer(target))
+    prompt = list(b"abc abc abc abc abc abc abc abc")
+    try:
+        for policy, max_new in itertools.product(("fixed", "rapid-cost"), (1, 2, 3, 5, 9)):
+            drafter = Drafter(TorchEngine(drafts["same"], capacity=512), TreeParams(4, 24, 2, 2, lookup=8), (EOS_ID,))
+            coord = Coordinator(drafter, CloudLink(server.url), POLICIES[policy], CoordinatorConfig(depth=4))
+            gen = asyncio.run(coord.generate(prompt, max_new, SamplingParams()))
+            assert gen.tokens == reference_decode(target, prompt, max_new, SamplingParams(), (EOS_ID,))
+            left = max_new
+            for rec in gen.records:
+                assert rec.tree_depth <= left - 1, (policy, max_new, rec)
+                left -= rec.emitted
+    finally:
+        server.close()

@@ -339,3 +339,17 @@ def test_prune_floor_drops_unlikely_nodes_but_keeps_the_best():
     assert TreeParams(min_p=0.05).floor == pytest.approx(np.log(0.05)) and TreeParams().floor == -np.inf
     with pytest.raises(ValueError):
         TreeParams(min_p=1.0)
+
+
+@FAST
+@given(seed=st.integers(0, 2**32 - 1), depth=st.integers(1, 5), levels=st.integers(0, 6))
+def test_cap_depth_keeps_every_node_up_to_the_level_and_nothing_below(seed, depth, levels):
+    tree = grow(np.random.default_rng(seed), TreeParams(depth, 24, 3, 3), 30)
+    tree.add_chain([7, 8, 9, 10, 11, 12], -0.5)  # a lookup chain reaching past the drafted levels
+    before = tree.copy()
+    tree.cap_depth(levels)
+    check_invariants(tree)
+    assert tree.max_depth == min(levels, before.max_depth)
+    kept = [i for i in range(len(before)) if before.depth[i] <= levels]
+    assert [tree.tokens, tree.slot, tree.score] == [[getattr(before, f)[i] for i in kept]
+                                                    for f in ("tokens", "slot", "score")]
