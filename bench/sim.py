@@ -17,7 +17,7 @@ Model (one edge; N edges share one cloud in the scale study):
   costing the traced chain-step time; an interruptible branch asks the runtime's ``BranchGate``
   before each step, fed as the coordinator feeds it (step and send→verdict times, and the root
   wave a verdict lands on: a verdict inside the tree on the first, a fully accepted one on the
-  second; a drawn hit counts only when a step ran);
+  second; a drawn hit counts only when a step ran; ``rapid.bench.sim_branch``);
 - a round that drafts nothing (``rapid-cost`` at depth 0) sends the replayed lookup chain alone
   (no branch); the sim's controller is not told the chains (no ``observe_lookup``), so it skips
   drafting only where the step's price alone says so;
@@ -54,7 +54,8 @@ from rapid.bench.calibration import Calibration
 from rapid.bench.contention import Schedule
 from rapid.bench.netem import NetProfile
 from rapid.bench.oracle_plan import plan_depth
-from rapid.runtime.branch_gate import WAVES, BranchGate
+from rapid.bench.sim_branch import draw_count, run_branch
+from rapid.runtime.branch_gate import BranchGate
 from rapid.runtime.coordinator import CoordinatorConfig, controller_for
 from rapid.runtime.depth_control import round_depth
 from rapid.runtime.policies import POLICIES, Policy
@@ -320,7 +321,7 @@ class _Cloud:
         planned = max(0, depth - e.reused) if depth > 0 else 0
         if not e.oracle and e.policy.confidence_floor is None:  # (EdgeLLM's cut has its own model)
             # the traced steps for those levels (level 1 is often free), rounded at random
-            planned = _draw_count(e.rng, e.cal.steps(planned, e.policy.name))
+            planned = draw_count(e.rng, e.cal.steps(planned, e.policy.name))
         steps = 0
         while steps < planned:
             d = e.step_time(t) * (e.cal.step_scale(1) if e.oracle else 1.0)  # the oracle drafts a chain
@@ -349,7 +350,7 @@ class _Cloud:
         pol = e.policy
         if pol.proactive and pol.drafting and depth > 0 and (not e.oracle or hit):
             # a verdict inside the tree lands on a first-wave root, a fully accepted one on a leaf's
-            end, kept = _branch(e, t_send, t_arr, a, depth, (1 if full else 0) if hit else None)
+            end, kept = run_branch(e, t_send, t_arr, a, depth, (1 if full else 0) if hit else None)
         if pol.drafting:  # as the coordinator: the link's share of the wait = arrival - send - verify
             e.ctrl.observe_verdict(depth, round(p["nodes"]), p["verify_s"], t_arr - t_send - p["verify_s"], a, kept)
         e.ctrl.observe_round(a, depth if pol.drafting else max(depth, 1), t_arr - t_send, e.decision.b_hat)
@@ -363,60 +364,6 @@ class _Cloud:
             e.res.wall_s = end
         else:
             self.push(end, "round", e.idx)
-
-
-def _draw_count(rng: random.Random, mean: float) -> int:
-    """A whole count whose expectation is ``mean``: floor(mean), plus one with P = its fraction."""
-    return int(mean) + (rng.random() < mean - int(mean))
-
-
-def _branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int | None) -> tuple[float, bool]:
-    """The proactive branch drafted from ``t_send``: interruptible policies ask the runtime's
-    ``BranchGate`` before each step and stop at the first step boundary after the verdict
-    (``t_arr``). ``landed``: the root wave the verdict lands on (None: no root). Returns when the
-    edge is free for the next round, and whether the branch was kept (a landed root with a step run)."""
-    pol = e.policy
-    hit = landed is not None
-    gated = pol.interruptible and not e.oracle  # the oracle stops its planned branch by itself
-    if e.load_oracle:
-        want = e.load_aware_depth(t_send)
-    elif not e.oracle:
-        want = e.ctrl.next_depth_if(a, max(depth, 1), e.decision.b_hat, True).depth
-    else:
-        want = e.oracle_branch  # the planned branch length
-    if not pol.interruptible and pol.name in e.cal.branch_steps_by_policy and not e.oracle:
-        # as traced: it runs them all, whatever the verdict
-        want = _draw_count(e.rng, e.cal.branch_steps_by_policy[pol.name])
-    t, steps, stopped = t_send, 0, None
-    # a tree step feeds tokens_per_step tokens, a chain step one: time = tau · scale(tokens)
-    per_step = 1 if pol.chain_branch or e.oracle else e.cal.step_tokens
-    while steps < want:
-        if pol.interruptible and t >= t_arr:
-            break
-        if gated and not e.gate.start(t - t_send, steps):
-            break
-        d = e.step_time(t) * e.cal.step_scale(per_step)
-        t += d
-        steps += 1
-        e.ctrl.observe_step(d, per_step)
-        e.gate.observe_step(d)
-        if pol.interruptible and t >= t_arr:
-            stopped = steps
-            break
-    if gated:
-        e.gate.observe_kept(landed, WAVES if steps else 1)  # as the coordinator: a branch never
-        # started has no second wave
-        e.gate.observe_cloud(t_arr - t_send)
-    kept = hit and steps > 0
-    e.res.branches += 1
-    e.res.interrupts += stopped is not None
-    if kept:
-        e.res.hits += 1
-        e.reused = steps
-    else:
-        e.res.discarded += steps
-    e.res.draft_steps += steps
-    return max(t_arr, t), kept
 
 
 def sim_tok_s(policy, cal, sched, prof, tokens, seeds, **kw) -> float:

@@ -1,0 +1,65 @@
+"""The simulator's proactive branch (``rapid.bench.sim``): what one round's branch costs and whether
+it is kept, drafted as the runtime drafts it. Interruptible policies ask the runtime's
+``BranchGate`` before each step and stop at the first step boundary after the verdict; the others
+run their planned (or traced) steps whatever the verdict. ``e`` is the simulator's edge state.
+"""
+
+from __future__ import annotations
+
+import random
+
+from rapid.runtime.branch_gate import WAVES
+
+
+def draw_count(rng: random.Random, mean: float) -> int:
+    """A whole count whose expectation is ``mean``: floor(mean), plus one with P = its fraction."""
+    return int(mean) + (rng.random() < mean - int(mean))
+
+
+def run_branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int | None) -> tuple[float, bool]:
+    """The proactive branch drafted from ``t_send``: interruptible policies ask the runtime's
+    ``BranchGate`` before each step and stop at the first step boundary after the verdict
+    (``t_arr``). ``landed``: the root wave the verdict lands on (None: no root). Returns when the
+    edge is free for the next round, and whether the branch was kept (a landed root with a step run)."""
+    pol = e.policy
+    hit = landed is not None
+    gated = pol.interruptible and not e.oracle  # the oracle stops its planned branch by itself
+    if e.load_oracle:
+        want = e.load_aware_depth(t_send)
+    elif not e.oracle:
+        want = e.ctrl.next_depth_if(a, max(depth, 1), e.decision.b_hat, True).depth
+    else:
+        want = e.oracle_branch  # the planned branch length
+    if not pol.interruptible and pol.name in e.cal.branch_steps_by_policy and not e.oracle:
+        # as traced: it runs them all, whatever the verdict
+        want = draw_count(e.rng, e.cal.branch_steps_by_policy[pol.name])
+    t, steps, stopped = t_send, 0, None
+    # a tree step feeds tokens_per_step tokens, a chain step one: time = tau · scale(tokens)
+    per_step = 1 if pol.chain_branch or e.oracle else e.cal.step_tokens
+    while steps < want:
+        if pol.interruptible and t >= t_arr:
+            break
+        if gated and not e.gate.start(t - t_send, steps):
+            break
+        d = e.step_time(t) * e.cal.step_scale(per_step)
+        t += d
+        steps += 1
+        e.ctrl.observe_step(d, per_step)
+        e.gate.observe_step(d)
+        if pol.interruptible and t >= t_arr:
+            stopped = steps
+            break
+    if gated:
+        e.gate.observe_kept(landed, WAVES if steps else 1)  # as the coordinator: a branch never
+        # started has no second wave
+        e.gate.observe_cloud(t_arr - t_send)
+    kept = hit and steps > 0
+    e.res.branches += 1
+    e.res.interrupts += stopped is not None
+    if kept:
+        e.res.hits += 1
+        e.reused = steps
+    else:
+        e.res.discarded += steps
+    e.res.draft_steps += steps
+    return max(t_arr, t), kept
