@@ -218,28 +218,29 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
     rng = random.Random(seed)
     period = (sched.on_s + sched.off_s) if sched.kind == "burst" else 0.0
     phases = [rng.random() * period if edges > 1 else 0.0 for _ in range(edges)]
-    es = [_Edge(i, policy, cal, sched, prof, tokens, seed, phases[i], startup, config) for i in range(edges)]
+
+    def generation(s: int) -> _Cloud:  # every edge's generation, drawn from seed s
+        return _Cloud([_Edge(i, policy, cal, sched, prof, tokens, s, phases[i], startup, config)
+                       for i in range(edges)], cal, replicas, max_batch, ingress_s)
+
+    sim = generation(seed)
+    es = sim.es
     if cal.warm_controller and policy not in (ORACLE, ORACLE_LOAD):
-        _carry_from_a_previous_generation(es, policy, cal, sched, prof, tokens, seed, phases, startup, config,
-                                          (replicas, max_batch, ingress_s))
-    sim = _Cloud(es, cal, replicas, max_batch, ingress_s)
+        _carry_from_a_previous_generation(es, generation(seed + 1_000_003))
     sim.run_all()
     horizon = max(e.res.wall_s for e in es)
     return {"edges": [e.res for e in es], "cloud_util": sim.busy / replicas / horizon if horizon > 0 else 0.0,
             "mean_batch": statistics.fmean(sim.batches) if sim.batches else 0.0, "horizon_s": horizon}
 
 
-def _carry_from_a_previous_generation(es: list, policy, cal: Calibration, sched: Schedule, prof: NetProfile,
-                                      tokens: int, seed: int, phases: list[float], startup: bool,
-                                      config: CoordinatorConfig, cloud: tuple[int, int, float]) -> None:
+def _carry_from_a_previous_generation(es: list, previous: _Cloud) -> None:
     """As ``rapid bench`` and the edge daemon carry each policy's controller (and branch gate)
-    across generations: a throwaway generation under the same schedule first, then each edge
-    starts its measured one with that controller after ``new_request`` (the logical path reset,
-    the step baselines, costs and rapid-cost's probe interval kept)."""
-    warm = [_Edge(i, policy, cal, sched, prof, tokens, seed + 1_000_003, phases[i], startup, config)
-            for i in range(len(es))]
-    _Cloud(warm, cal, *cloud).run_all()
-    for e, w in zip(es, warm, strict=True):
+    across generations: the throwaway ``previous`` generation (the same edges and schedule, another
+    seed) runs first, then each edge starts its measured one with that controller after
+    ``new_request`` (the logical path reset, the step baselines, costs and rapid-cost's probe
+    interval kept)."""
+    previous.run_all()
+    for e, w in zip(es, previous.es, strict=True):
         e.ctrl, e.gate = w.ctrl, w.gate
         e.ctrl.new_request()
 
