@@ -32,7 +32,8 @@ inside the band (a growing context) are followed at ``alpha_slow``.
 
 Logical path, per round (``observe_round(accepted, depth, cloud_seconds, b_hat)``)::
 
-    A   <- A + alpha_acc * (min(accepted, depth) / depth - A)   # A starts at target
+    no sample if accepted > depth                              # see below
+    A   <- A + alpha_acc * (accepted / depth - A)             # A starts at target
     e    = A - target_acceptance;   de = e - e_prev
     I   <- I + e     unless (conditional integration) depth != round(B_hat), or
                      e > 0 and B_raw >= max_depth, or e < 0 and B_raw <= min_depth;
@@ -50,6 +51,11 @@ integrating that would teach the logical loop to undo the physical throttling. I
 symmetric so that noisy rounds at a cut depth cannot bias I either way; the P and D terms
 still respond to them (with a chain plant they push back by a fraction of a step). Depths
 are integers, so when no depth gives exactly ``A*`` the loop dithers between neighbours.
+A round accepted past its drafted depth takes no sample: only a prompt-lookup chain
+(``rapid.runtime.lookup``) reaches below the drafted levels, so the chain, not the draft, set
+that round's length, and a deeper draft would only have repeated the chain's tokens. Counted as
+full (the paper's ``min(accepted, depth)``), such rounds drove the depth up wherever the text
+copies the prompt, one draft step a level for nothing (slow edge, oasst: depth 5 against 4).
 
 Fusion and time cap (``next_depth(proactive)``)::
 
@@ -63,8 +69,8 @@ longer than one cloud response (RTT + verify) makes the edge the bottleneck.
 
 Input guards: a step with non-finite / non-positive ``seconds``, ``seconds > max_seconds``
 (non-physical, e.g. the process was suspended) or ``tokens < 1`` is ignored; so is a round
-with ``depth < 1``, ``accepted < 0`` or non-integral values (``accepted > depth`` is clamped),
-and a ``cloud_seconds`` that fails the duration test. Ignored inputs are counted in
+with ``depth < 1``, ``accepted < 0`` or non-integral values, and a ``cloud_seconds`` that fails
+the duration test. Ignored inputs are counted in
 :meth:`CAAC.snapshot`. Every output is finite and the depth stays in [min_depth, max_depth].
 
 Defaults (the test scenarios in tests/runtime/test_caac.py and test_caac_devices.py are the
@@ -201,6 +207,7 @@ class CAAC:
         self._cloud = 0.0  # 0 = no measurement yet
         self._ignored_steps = 0
         self._ignored_rounds = 0
+        self._carried_rounds = 0  # valid rounds a lookup chain carried past the drafted depth
 
     def _duration_ok(self, seconds: object) -> bool:
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
@@ -265,8 +272,11 @@ class CAAC:
             return
         if isinstance(b_hat, bool) or not isinstance(b_hat, (int, float)) or not math.isfinite(b_hat):
             b_hat = self._b_hat()
+        if a > d:  # carried past the drafted levels by a lookup chain: no sample (docstring)
+            self._carried_rounds += 1
+            return
         recommended = _round_half_up(b_hat)  # the logical depth behind this round
-        self._acc += c.alpha_acc * (min(a, d) / d - self._acc)
+        self._acc += c.alpha_acc * (a / d - self._acc)
         e = self._acc - c.target_acceptance
         self._d_err = e - self._err
         self._err = e
@@ -341,6 +351,7 @@ class CAAC:
             "rounds": self._rounds,
             "ignored_steps": self._ignored_steps,
             "ignored_rounds": self._ignored_rounds,
+            "carried_rounds": self._carried_rounds,
             "tau_cur": self._phys.tau_cur,
             "tau_fast": self._phys.tau_fast,
             "tau_slow": self._phys.tau_slow,

@@ -200,16 +200,30 @@ def test_invalid_steps_ignored(seconds):
         k: v for k, v in before.items() if k != "ignored_steps"}
 
 
-def test_invalid_rounds_ignored_and_accepted_clamped():
+def test_invalid_rounds_ignored():
     ctl = CAAC()
     base = ctl.snapshot()
     for a, d in [(-1, 4), (2, 0), (2, -1), (1.5, 4), (math.nan, 4), (None, 4)]:
         ctl.observe_round(a, d)
     assert ctl.snapshot()["ignored_rounds"] == 6 and ctl.snapshot()["rounds"] == 0
     assert ctl.snapshot()["acceptance"] == base["acceptance"]
-    ctl.observe_round(9, 4, cloud_seconds=math.nan)  # over-reported: counts as full
+    ctl.observe_round(4, 4, cloud_seconds=math.nan)  # a bad duration leaves the round valid
     assert ctl.snapshot()["acceptance"] == pytest.approx(0.65 + 0.3 * 0.35)
     assert ctl.snapshot()["cloud_seconds"] == 0.0
+
+
+def test_a_round_a_lookup_chain_carried_past_the_drafted_depth_is_no_sample():
+    """Only a prompt-lookup chain reaches below the drafted levels: such a round's length is the
+    chain's, so the PID neither deepens on it (as min(accepted, depth) would) nor counts it."""
+    carried, full = CAAC(), CAAC()
+    for _ in range(6):
+        carried.observe_round(12, 4, 0.3)  # the chain carried 12 tokens past a depth-4 tree
+        full.observe_round(4, 4, 0.3)  # the draft's own 4 levels all accepted
+    snap = carried.snapshot()
+    assert snap["carried_rounds"] == 6 and snap["rounds"] == 0 and snap["ignored_rounds"] == 0
+    assert snap["acceptance"] == 0.65 and carried.next_depth().depth == 4
+    assert snap["cloud_seconds"] == pytest.approx(0.3)  # the link still times the round
+    assert full.next_depth().depth > 4
 
 
 def test_near_zero_step_times_stay_finite():
