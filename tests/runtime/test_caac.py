@@ -116,7 +116,7 @@ def test_warmup_gate_open_then_a_spike_closes_it():
 def test_full_acceptance_raises_to_max():
     ctl = CAAC()
     ds = depths(run_rounds(ctl, 40, lambda d: d))
-    assert ds[1] > 4  # responds at once (proportional term)
+    assert ds[1] == 4 and ds[2] > 4  # the first verdict is no sample, then responds at once (P term)
     assert 8 in ds[:15]
     assert ds[15:] == [8] * 25
 
@@ -124,7 +124,7 @@ def test_full_acceptance_raises_to_max():
 def test_zero_acceptance_lowers_to_min():
     ctl = CAAC()
     ds = depths(run_rounds(ctl, 30, lambda d: 0))
-    assert ds[1] < 4
+    assert ds[1] == 4 and ds[2] < 4
     assert 1 in ds[:8]
     assert ds[8:] == [1] * 22
 
@@ -200,6 +200,21 @@ def test_invalid_steps_ignored(seconds):
         k: v for k, v in before.items() if k != "ignored_steps"}
 
 
+def test_a_requests_first_verdict_is_no_sample():
+    """It tests the reply's first token, which the draft misses far more often than the rest
+    (module docstring): a first miss leaves the depth at its base, a second one lowers it, and
+    every request's first verdict is skipped again."""
+    ctl = CAAC()
+    for _ in range(2):
+        ctl.observe_round(0, 4, 0.2)
+        assert ctl.next_depth().depth == 4 and ctl.snapshot()["rounds"] == 0
+        assert ctl.snapshot()["cloud_seconds"] > 0  # the link is still timed
+        ctl.observe_round(0, 4, 0.2)
+        assert ctl.next_depth().depth < 4 and ctl.snapshot()["rounds"] == 1
+        ctl.new_request()
+    assert ctl.snapshot()["unsampled_rounds"] == 2
+
+
 def test_invalid_rounds_ignored():
     ctl = CAAC()
     base = ctl.snapshot()
@@ -207,6 +222,8 @@ def test_invalid_rounds_ignored():
         ctl.observe_round(a, d)
     assert ctl.snapshot()["ignored_rounds"] == 6 and ctl.snapshot()["rounds"] == 0
     assert ctl.snapshot()["acceptance"] == base["acceptance"]
+    ctl.observe_round(0, 4)  # the request's first verdict: valid, no sample
+    assert ctl.snapshot()["unsampled_rounds"] == 1 and ctl.snapshot()["acceptance"] == base["acceptance"]
     ctl.observe_round(4, 4, cloud_seconds=math.nan)  # a bad duration leaves the round valid
     assert ctl.snapshot()["acceptance"] == pytest.approx(0.65 + 0.3 * 0.35)
     assert ctl.snapshot()["cloud_seconds"] == 0.0
@@ -216,11 +233,13 @@ def test_a_round_a_lookup_chain_carried_past_the_drafted_depth_is_no_sample():
     """Only a prompt-lookup chain reaches below the drafted levels: such a round's length is the
     chain's, so the PID neither deepens on it (as min(accepted, depth) would) nor counts it."""
     carried, full = CAAC(), CAAC()
+    for c in (carried, full):
+        c.observe_round(4, 4)  # the request's first verdict (no sample either)
     for _ in range(6):
         carried.observe_round(12, 4, 0.3)  # the chain carried 12 tokens past a depth-4 tree
         full.observe_round(4, 4, 0.3)  # the draft's own 4 levels all accepted
     snap = carried.snapshot()
-    assert snap["carried_rounds"] == 6 and snap["rounds"] == 0 and snap["ignored_rounds"] == 0
+    assert snap["unsampled_rounds"] == 7 and snap["rounds"] == 0 and snap["ignored_rounds"] == 0
     assert snap["acceptance"] == 0.65 and carried.next_depth().depth == 4
     assert snap["cloud_seconds"] == pytest.approx(0.3)  # the link still times the round
     assert full.next_depth().depth > 4
@@ -355,6 +374,7 @@ def test_anti_windup_uses_the_b_hat_that_set_the_depth():
     """A proactive caller decides depth L_i before verdict i-1 has moved B_hat; passing the
     decision's B_hat makes the freeze test compare L_i with the B_hat behind it."""
     ctl = CAAC()
+    ctl.observe_round(2, 4)  # the request's first verdict: no sample
     dec = ctl.next_depth()  # depth 4 from B_hat 4
     ctl.observe_round(4, 4)  # B_hat moves above 4 (all accepted)
     assert round(ctl.next_depth().b_hat) > 4
