@@ -57,11 +57,11 @@ draft gets right far less often than the rest and which says little of them
 pair: top-1 agreement 0.52 at the first position, 0.81 / 0.73 at the next eleven, and there
 0.81 / 0.77 after a right first against 0.80 / 0.68 after a wrong one): a biased sample, which
 the PID answers with depth 3 when it is 0. And a round accepted past its drafted depth: only a
-prompt-lookup chain
-(``rapid.runtime.lookup``) reaches below the drafted levels, so the chain, not the draft, set
-that round's length, and a deeper draft would only have repeated the chain's tokens. Counted as
-full (the paper's ``min(accepted, depth)``), such rounds drove the depth up wherever the text
-copies the prompt, one draft step a level for nothing (slow edge, oasst: depth 5 against 4).
+prompt-lookup chain (``rapid.runtime.lookup``) reaches below the drafted levels, so the chain,
+not the draft, set that round's length, and a deeper draft would only have repeated the chain's
+tokens. Counted as full (the paper's ``min(accepted, depth)``), such rounds drove the depth up
+wherever the text copies the prompt, one draft step a level for nothing (slow edge, oasst:
+depth 5 against 4).
 
 Fusion and time cap (``next_depth(proactive)``)::
 
