@@ -54,6 +54,13 @@ drafted round after it resets it: a load that lifts is seen within ~32 rounds, a
 stays too slow costs one drafted round in 33. CAAC's own depth (``rapid``) stays in
 1..max_depth.
 
+**What the reach counts.** ``P(reach d)`` is the draft's: the chains are priced apart (above). A
+round whose verdict went past the levels it drafted was carried there by a lookup chain, and
+which of its drafted levels the draft's own nodes matched the verdict does not say, so it is no
+reach sample (as it is no sample of CAAC's PID); counted as reaching every drafted level, the
+copy rounds of a text that repeats its prompt raised the draft's reach, and the estimates are
+carried into the next request, whatever its text.
+
 The proactive branch (IPDG) is unchanged; its target is this rule applied after the verdict it
 guesses (``next_depth_if``). CAAC's proactive time cap is not applied: the cost model already
 charges every draft step on the critical path.
@@ -185,7 +192,7 @@ class CostAwareCAAC(CAAC):
                       b_hat: float | None = None) -> None:
         before = self._ignored_rounds
         super().observe_round(accepted, depth, cloud_seconds, b_hat)
-        if self._ignored_rounds == before:  # validated by CAAC
+        if self._ignored_rounds == before and accepted <= depth:  # validated; not a chain's round (docstring)
             self._reach.observe(int(accepted), int(depth))
 
     # ---- the decision --------------------------------------------------------------------

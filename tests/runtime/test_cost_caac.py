@@ -267,3 +267,19 @@ def test_a_kept_branch_is_credited_by_the_rate_it_is_kept_at():
         assert credited[d] == pytest.approx(gain / (0.01 * d - saved + 0.02 + 0.005)), d
         assert credited[d] > plain[d]
     assert ctrl.snapshot()["kept_after_full"] == 1.0 and ctrl.snapshot()["kept_after_partial"] == 0.0
+
+
+def test_a_round_a_lookup_chain_carried_past_the_drafted_depth_is_no_reach_sample():
+    """Only a chain reaches below the drafted levels, and the verdict does not say which drafted
+    levels the draft's own nodes matched: the reach is left as it was, where a round that
+    accepted every drafted level raises it."""
+    ctrl = CostAwareCAAC()
+    for _ in range(3):
+        ctrl.observe_round(1, 3)  # the first verdict is CAAC's unsampled one; these are samples
+    before = ctrl._reach.reach()
+    for _ in range(10):
+        ctrl.observe_round(9, 3)
+    assert ctrl._reach.reach() == before
+    for _ in range(10):
+        ctrl.observe_round(3, 3)
+    assert all(a > b for a, b in zip(ctrl._reach.reach()[:3], before[:3]))
