@@ -257,8 +257,10 @@ class Coordinator:
         if d.params.cost_cut:
             d.cut(self.cut.nodes(d.tree.score, rec.draft_s, d.lookup_flags()))
         tokens, parents = d.wire_tree()
+        flags = d.lookup_flags()
         rec.tree_nodes, rec.tree_depth = len(tokens), d.tree.max_depth
-        return tokens, parents, SentTree(list(d.tree.score), d.lookup_flags())
+        rec.lookup_depth = max((k for k, on in zip(d.tree.depth, flags, strict=True) if on), default=0)
+        return tokens, parents, SentTree(list(d.tree.score), flags)
 
     async def _send_and_await(self, round_id: int, tokens: list[int], parents: list[int], depth: int,
                               decision: CAACDecision, rec: RoundRecord):

@@ -15,6 +15,7 @@ class RoundRecord:
     depth: int  # planned depth L_i
     tree_nodes: int
     tree_depth: int = 0  # the deepest node of the tree sent: the accepted length if the target's path were in it
+    lookup_depth: int = 0  # the deepest node of the tree sent on a prompt-lookup chain (0: no chain)
     tau_cur: float = 0.0  # seconds of the last draft step (CAAC, runtime.step_cost)
     tau_fast: float = 0.0  # EMA of step seconds
     tau_slow: float = 0.0  # EMA of the same steps' uncontended baselines

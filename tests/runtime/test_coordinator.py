@@ -139,6 +139,9 @@ def test_no_round_sends_a_node_past_the_last_token(tiny_pair):
             left = max_new
             for rec in gen.records:
                 assert rec.tree_depth <= left - 1, (policy, max_new, rec)
+                assert rec.lookup_depth <= rec.tree_depth, (policy, max_new, rec)
                 left -= rec.emitted
+            if max_new == 9:  # the first round's chain, cut to the 8 levels left (the trace says so)
+                assert gen.records[0].lookup_depth == 8, (policy, gen.records[0])
     finally:
         server.close()
