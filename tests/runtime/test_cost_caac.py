@@ -282,4 +282,4 @@ def test_a_round_a_lookup_chain_carried_past_the_drafted_depth_is_no_reach_sampl
     assert ctrl._reach.reach() == before
     for _ in range(10):
         ctrl.observe_round(3, 3)
-    assert all(a > b for a, b in zip(ctrl._reach.reach()[:3], before[:3]))
+    assert all(a > b for a, b in zip(ctrl._reach.reach()[:3], before[:3], strict=True))
