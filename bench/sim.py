@@ -354,7 +354,8 @@ class _Cloud:
             end, kept = run_branch(e, t_send, t_arr, a, depth, (1 if full else 0) if hit else None)
         if pol.drafting:  # as the coordinator: the link's share of the wait = arrival - send - verify
             e.ctrl.observe_verdict(depth, round(p["nodes"]), p["verify_s"], t_arr - t_send - p["verify_s"], a, kept)
-        e.ctrl.observe_round(a, depth if pol.drafting else max(depth, 1), t_arr - t_send, e.decision.b_hat)
+        sampled = min(depth, e.target - e.pos - 1)  # as the coordinator: the levels a round could send
+        e.ctrl.observe_round(a, sampled if pol.drafting else max(depth, 1), t_arr - t_send, e.decision.b_hat)
         e.decision = e.ctrl.next_depth(pol.proactive, e.reused)
         e.pos += a + 1
         e.res.tokens = min(e.pos, e.target)

@@ -231,7 +231,7 @@ class Coordinator:
             _fill_decision(rec, decision)
             tokens, parents, sent = await self._draft_round(depth, left, rec)
             verdict = await self._send_and_await(round_id, tokens, parents, depth, decision, rec)
-            emitted, decision = self._apply(verdict, depth, decision, rec, sent)
+            emitted, decision = self._apply(verdict, depth, decision, rec, sent, left)
             done = out.take(verdict, emitted, rec)
             rec.t_end = self.clock()
             out.records.append(rec)
@@ -292,9 +292,10 @@ class Coordinator:
         return verdict
 
     def _apply(self, verdict, depth: int, decision: CAACDecision, rec: RoundRecord,
-               sent: SentTree) -> tuple[list[int], CAACDecision]:
+               sent: SentTree, left: int) -> tuple[list[int], CAACDecision]:
         """Commit path + bonus in the drafter, let the controller and the send cut observe round i
-        (``sent``: the sent tree's scores and lookup flags); (the emitted tokens, the decision for L_{i+1})."""
+        (``sent``: the sent tree's scores and lookup flags; ``left``: tokens still to go before it);
+        (the emitted tokens, the decision for L_{i+1})."""
         d, p_drafts = self.drafter, self.policy.drafting
         plan = d.apply_verdict(list(verdict.path), verdict.bonus)
         if plan.hit:
@@ -305,9 +306,10 @@ class Coordinator:
             self.controller.observe_verdict(depth, rec.tree_nodes, verdict.verify_s, rtt, rec.accepted,
                                             rec.proactive_hit)
             self.cut.observe_verdict(sent.scores, sent.lookup, verdict.verify_s, rtt, list(verdict.path))
-        # a round that drafted nothing says nothing of the draft's acceptance (depth 0: ignored)
-        self.controller.observe_round(len(verdict.path), depth if p_drafts else max(depth, 1), rec.cloud_s,
-                                      decision.b_hat)
+        # a round that drafted nothing says nothing of the draft's acceptance (depth 0: ignored), and
+        # none sends a level past left - 1 (a kept branch's are cut): acceptance of the levels sent
+        self.controller.observe_round(len(verdict.path), min(depth, left - 1) if p_drafts else max(depth, 1),
+                                      rec.cloud_s, decision.b_hat)
         if self.policy.cost_aware:  # the only controller that prices the lookup chains
             self.controller.observe_lookup(*d.lookup_outlook())
         # settled on the freshest acceptance, knowing the levels the kept branch supplies

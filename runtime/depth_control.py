@@ -32,9 +32,10 @@ def round_depth(decided: int, left: int, kept: int) -> int:
     to generate: a verdict emits its accepted path and then the target's own bonus token, so a
     node at depth ``left`` could only repeat that bonus), at least the ``kept`` levels a proactive
     branch supplied, at least 1, except a decided 0 (a round that drafts nothing,
-    ``rapid.runtime.cost_caac``)."""
+    ``rapid.runtime.cost_caac``) and a round with one token left: the bonus token is all its
+    verdict can emit, so it drafts no step (depth 0, or the kept levels, none of them sent)."""
     depth = max(min(decided, left - 1), kept)
-    return depth if decided == 0 else max(1, depth)
+    return depth if decided == 0 or left <= 1 else max(1, depth)
 
 
 class DepthController(Protocol):

@@ -13,8 +13,8 @@ def test_round_depth_never_drafts_a_level_the_bonus_token_supplies(decided, left
     """A verdict emits its accepted path and then the target's bonus token, so with ``left`` tokens
     to go level ``left`` could only repeat the bonus: the decision is capped at ``left - 1``."""
     depth = round_depth(decided, left, kept)
-    if decided == 0:
-        assert depth == kept  # a round that drafts nothing (rapid-cost), unless a kept branch drafted
+    if decided == 0 or left == 1:
+        assert depth == kept  # a round that drafts nothing (rapid-cost, or the bonus token alone is left)
     else:
         assert depth == max(1, kept, min(decided, left - 1))
 
@@ -22,6 +22,7 @@ def test_round_depth_never_drafts_a_level_the_bonus_token_supplies(decided, left
 def test_round_depth_examples():
     assert round_depth(4, 64, 0) == 4
     assert round_depth(4, 3, 0) == 2  # levels 1-2, then the bonus: the 3 tokens left
-    assert round_depth(4, 1, 0) == 1  # at least one step for a drafting decision
+    assert round_depth(4, 2, 0) == 1  # at least one step for a drafting decision
+    assert round_depth(4, 1, 0) == 0  # but none whose nodes could not be sent: the bonus is the last token
     assert round_depth(2, 64, 3) == 3  # the kept branch's levels are never thrown away
     assert round_depth(0, 64, 0) == 0
