@@ -241,7 +241,9 @@ def test_a_draft_that_costs_more_than_it_buys_is_skipped_as_the_runtime_skips_it
     skip, free = run("rapid-cost", "sustained"), run("rapid-cost", "none")
     never = run("rapid-cost", "sustained", config=sim.CoordinatorConfig(depth=4, cost=cost_caac.CostConfig(max_undrafted=0)))
     assert skip.depths.count(0) >= len(skip.depths) // 2 and 0 < skip.depths.count(0) < len(skip.depths)
-    assert min(never.depths) >= 1 and min(run("rapid", "sustained").depths) >= 1 and min(free.depths) >= 1
+    # (the last round may have one token left: it drafts nothing whatever the policy, round_depth)
+    assert min(never.depths[:-1]) >= 1 and min(run("rapid", "sustained").depths[:-1]) >= 1
+    assert min(free.depths[:-1]) >= 1
     assert skip.tok_s > never.tok_s
     # the controller carried from a previous generation, as rapid bench carries it: no cold start
     assert skip.depths[0] == 0 and run("rapid-cost", "sustained").depths == skip.depths
