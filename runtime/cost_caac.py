@@ -42,8 +42,17 @@ where the chains are strong. Depth 0 wins where a draft step costs more than it 
 edge under load (the PyTorch draft at ~0.3 s a step against a ~0.25 s target step: drafting
 made every round slower per token than the target alone).
 
-It is a candidate only while CAAC's gate is shut (eta < 1: the edge is measurably slowed down),
-and it must beat the best drafted depth by ``CostConfig.skip_margin`` (5 %). A round without a
+It is a candidate only while CAAC's gate is shut (eta < 1: the edge is measurably slowed down)
+and the last ``CostConfig.slow_steps`` (2) measured steps were each slower than ``band_hi`` times
+their size's baseline, and it must beat the best drafted depth by ``CostConfig.skip_margin`` (5 %).
+One step shuts the gate (ESR moves half way to a step's ratio), and on a shared CPU about one
+step in ten is a spike 1.3-1.8x its baseline (the PyTorch draft on a Zen 4 without load: 8 of 94
+of ``fixed``'s draft steps, 9 of 50 of ``rapid``'s proactive ones, which overlap the target's
+verify on the other core): without
+the run a spike put rapid-cost at depth 0 for whole generations without load, since a round that
+drafts nothing measures no step and a probe's one step, feeding the tokens the skipped rounds
+left pending, is of a size not seen before and reads as neutral (``rapid.runtime.step_cost``).
+A probe's step at the baseline ends the run, so the next round drafts. A round without a
 step measures neither the step nor the acceptance, so a depth-0 choice is sticky and must not
 rest on a near tie of noisy estimates: without load, on c4, a reach estimate that a few misses
 had put at 0.18 tied the empty tree at 4.5 tokens/s and held the edge there for rounds
@@ -75,7 +84,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 
-from rapid.runtime.caac import CAAC, CAACConfig
+from rapid.runtime.caac import CAAC, CAACConfig, _as_int
 from rapid.runtime.cost_model import (
     BranchYield,
     CloudCosts,
@@ -150,6 +159,17 @@ class CostAwareCAAC(CAAC):
         self._undrafted = 0  # rounds in a row sent without a draft step
         self._probe_every = self.cost.max_undrafted  # undrafted rounds allowed before one drafts
         self._after_probe = False  # the last round drafted because _probe_every ran out
+        self._slow_run = 0  # measured steps in a row each slower than the band on its own
+
+    def observe_step(self, seconds: float, tokens: int) -> None:
+        """CAAC's, and the run of measured steps each above ``band_hi`` times its own size's
+        baseline (a step of a size not seen yet measures nothing: its class starts there)."""
+        n, before = _as_int(tokens), self._phys.steps
+        base = self._phys.baseline.predict(n) if n is not None else None
+        super().observe_step(seconds, tokens)
+        if base is not None and self._phys.steps > before:
+            slow = self._phys.tau_cur > self.config.band_hi * base
+            self._slow_run = self._slow_run + 1 if slow else 0
 
     def new_request(self) -> None:
         super().new_request()
@@ -224,7 +244,8 @@ class CostAwareCAAC(CAAC):
         by ``skip_margin`` and fewer than the probe interval's rounds in a row drafted nothing;
         CAAC's depth while the costs are unknown."""
         esr, eta = self._gate()
-        undrafted = eta < 1.0 and self._undrafted < self._probe_every  # only on a measurably slowed edge
+        undrafted = (eta < 1.0 and self._undrafted < self._probe_every  # only on a measurably slowed edge
+                     and self._slow_run >= self.cost.slow_steps)  # ... not one spike (docstring)
         best = self.cost_depth(reused, proactive, esr if eta < 1.0 else 1.0, undrafted)
         if best is None:
             return super().next_depth(proactive)

@@ -80,6 +80,8 @@ class CostConfig:
     max_undrafted: int = 4  # rounds in a row that may skip drafting (depth 0) before one drafts to
     # re-measure the step and the acceptance (rapid.runtime.cost_caac); 0: every round drafts
     skip_margin: float = 0.05  # a round drafts nothing only where that beats drafting by this much
+    slow_steps: int = 2  # ... and only after this many measured steps in a row each slower than
+    # CAAC's band on its own (s / tau_hat(T) > band_hi): one jitter spike shuts the gate (rapid.runtime.cost_caac)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -92,6 +94,8 @@ class CostConfig:
             raise ValueError(f"CostConfig.prior_weight must be > 0, got {self.prior_weight}")
         if not isinstance(self.max_undrafted, int) or self.max_undrafted < 0:
             raise ValueError(f"CostConfig.max_undrafted must be an int >= 0, got {self.max_undrafted!r}")
+        if not isinstance(self.slow_steps, int) or self.slow_steps < 1:
+            raise ValueError(f"CostConfig.slow_steps must be an int >= 1, got {self.slow_steps!r}")
         if self.skip_margin < 0:
             raise ValueError(f"CostConfig.skip_margin must be >= 0, got {self.skip_margin}")
         for name in ("alpha_reach", "alpha_verify", "alpha_rtt"):

@@ -173,6 +173,26 @@ def test_when_the_load_lifts_drafting_resumes_at_the_next_probe():
     assert back <= PROBE_BACKOFF * CostConfig().max_undrafted + 3, free
 
 
+def test_one_slow_step_shuts_the_gate_but_no_round_goes_undrafted_for_it():
+    """Without load about one step in ten is a spike (a shared CPU): one shuts CAAC's gate, and a
+    round that drafts nothing measures no step, so a skip on one spike could last. Only a run of
+    ``slow_steps`` (2) measured steps each over the band lets a round draft nothing; a step of a
+    size not seen yet (a probe feeding the tokens the skipped rounds left pending) counts neither
+    way, and one at its baseline ends the run."""
+    p, s, v, rtt = 0.9, 0.1, (lambda n: 0.22 + 0.0005 * n), 0.03  # drafting nothing wins at 2.5x and more
+    assert max(range(9), key=lambda d: true_rate(d, p, 2.5 * s, v, rtt)) == 0
+    ctrl = CostAwareCAAC()
+    drive(ctrl, p, s, v, rtt, rounds=60)
+    ctrl.observe_step(5 * s, 2)  # a spike: ESR 3
+    assert ctrl.next_depth(True).eta < 1 and ctrl.next_depth(True).depth >= 1
+    ctrl.observe_step(9 * s, 17)  # a size not seen: no evidence either way
+    assert ctrl.next_depth(True).depth >= 1
+    ctrl.observe_step(5 * s, 2)  # the second slow step in a row: a slowed edge
+    assert ctrl.next_depth(True).depth == 0
+    ctrl.observe_step(s, 2)  # a step at its baseline (a probe's) ends the run
+    assert ctrl.next_depth(True).eta < 1 and ctrl.next_depth(True).depth >= 1
+
+
 def test_depth_follows_the_round_trip():
     p, s, v, _ = REGIMES["cellular"]
     lan = drive(CostAwareCAAC(), p, s, v, 0.002)[100:]
