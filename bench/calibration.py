@@ -286,8 +286,10 @@ def fit_acceptance(cal: Calibration, rounds: list[dict], seed: int = 0) -> Calib
 
     A round that accepted ``a`` of the ``L`` levels it sent (``tree_depth``; ``depth`` in traces
     without it) gives ``a`` ones and, if ``a < L``, a zero; a fully accepted round's next bit is
-    drawn with the per-token acceptance. A round whose tree reached deeper than it drafted (a
-    prompt-lookup chain) records that reach at its start, counting down along its accepted run."""
+    drawn with the per-token acceptance. A round's prompt-lookup chain (``lookup_depth`` levels;
+    in traces without it, the levels sent where they pass the drafted ones) records its reach at
+    the round's start, counting down along its accepted run: a simulated round that drafts
+    nothing sends that chain."""
     sent = [(r, _sent_levels(r)) for r in rounds if r.get("depth", 0) > 0]
     ones = sum(min(r["accepted"], n) for r, n in sent)
     zeros = sum(1 for r, n in sent if r["accepted"] < n)
@@ -301,7 +303,7 @@ def fit_acceptance(cal: Calibration, rounds: list[dict], seed: int = 0) -> Calib
             continue
         n = _sent_levels(r)
         a = min(r["accepted"], n)
-        lookup = n if n > r.get("draft_steps", 0) + kept else 0
+        lookup = _chain_levels(r, n, kept)
         bits += [1] * a + [0 if a < n else int(rng.random() < cal.p_accept)]
         reach += [max(0, lookup - j) for j in range(a + 1)]
     cal.match_bits, cal.lookup_reach = (bits, reach) if bits else ([1, 1, 0], [])
@@ -315,6 +317,14 @@ def fit_acceptance(cal: Calibration, rounds: list[dict], seed: int = 0) -> Calib
         if len(mine) >= 10:  # the branch's shape (chain vs tree, depth) is the policy's
             cal.hits_by_policy[pol] = _hit_rates(mine, sum(bool(r["proactive_hit"]) for r in mine) / len(mine))
     return cal
+
+
+def _chain_levels(r: dict, sent: int, kept: int) -> int:
+    """Levels the round's prompt-lookup chain offered: traced, or (older traces) the ``sent``
+    levels where they pass the drafted and ``kept`` ones, else 0."""
+    if "lookup_depth" in r:
+        return int(r["lookup_depth"])
+    return sent if sent > r.get("draft_steps", 0) + kept else 0
 
 
 def _sent_levels(r: dict) -> int:

@@ -58,6 +58,18 @@ def test_a_lookup_chain_reaches_past_the_drafted_depth(cal):
     assert far.accepted / far.rounds > 2.0 and near.accepted <= near.rounds
 
 
+def test_a_chain_no_deeper_than_the_draft_is_replayed_where_traced(cal):
+    """Depth-4 rounds with a 3-level lookup chain and 3 accepted: older traces (no
+    ``lookup_depth``) cannot tell the chain from the draft, so the replay offers no chain; traced,
+    it offers 3 levels counting down along the run, which a round that drafts nothing sends."""
+    rows = [_row(i, tree_depth=4, accepted=3, lookup_depth=3) for i in range(30)]
+    fit = fit_acceptance(replace(cal), rows)
+    assert fit.lookup_reach[:5] == [3, 2, 1, 0, 3]
+    older = fit_acceptance(replace(cal), [{k: v for k, v in r.items() if k != "lookup_depth"} for r in rows])
+    assert not any(older.lookup_reach)
+    assert fit.reach(0) == 3 and older.reach(0) == 0  # what a simulated depth-0 round sends there
+
+
 def test_draft_steps_follow_the_traces(cal):
     """Depth-4 rounds that ran 3 steps (level 1 free): the simulator drafts 3 a round, not 4."""
     fit = fit_acceptance(replace(cal), [_row(i, steps=3, tree_depth=4, accepted=1) for i in range(30)])
