@@ -42,26 +42,27 @@ where the chains are strong. Depth 0 wins where a draft step costs more than it 
 edge under load (the PyTorch draft at ~0.3 s a step against a ~0.25 s target step: drafting
 made every round slower per token than the target alone).
 
-It is a candidate only while CAAC's gate is shut (eta < 1: the edge is measurably slowed down)
-and the last ``CostConfig.slow_steps`` (2) measured steps were each slower than ``band_hi`` times
-their size's baseline, and it must beat the best drafted depth by ``CostConfig.skip_margin`` (5 %).
-One step shuts the gate (ESR moves half way to a step's ratio), and on a shared CPU about one
-step in ten is a spike 1.3-1.8x its baseline (the PyTorch draft on a Zen 4 without load: 8 of 94
-of ``fixed``'s draft steps, 9 of 50 of ``rapid``'s proactive ones, which overlap the target's
-verify on the other core): without
-the run a spike put rapid-cost at depth 0 for whole generations without load, since a round that
-drafts nothing measures no step and a probe's one step, feeding the tokens the skipped rounds
-left pending, is of a size not seen before and reads as neutral (``rapid.runtime.step_cost``).
-A probe's step at the baseline ends the run, so the next round drafts. A round without a
-step measures neither the step nor the acceptance, so a depth-0 choice is sticky and must not
-rest on a near tie of noisy estimates: without load, on c4, a reach estimate that a few misses
-had put at 0.18 tied the empty tree at 4.5 tokens/s and held the edge there for rounds
-(rapid-cost 5.1 tokens/s against rapid's 6.4, ``bench-out/amx-vsar-d0``). After
-``CostConfig.max_undrafted`` undrafted rounds in a row one round drafts (a probe); a probe
-followed by another undrafted round doubles the interval, up to ``PROBE_BACKOFF`` times, and a
-drafted round after it resets it: a load that lifts is seen within ~32 rounds, and a draft that
-stays too slow costs one drafted round in 33. CAAC's own depth (``rapid``) stays in
-1..max_depth.
+A round without a step measures neither the step nor the acceptance, so a depth-0 choice is
+sticky and must not rest on a near tie of noisy estimates (without load, on c4, a reach estimate
+that a few misses had put at 0.18 tied the empty tree at 4.5 tokens/s and held the edge there for
+rounds: rapid-cost 5.1 tokens/s against rapid's 6.4, ``bench-out/amx-vsar-d0``). So depth 0 must
+beat the best drafted depth by ``CostConfig.skip_margin`` (5 %) while the edge is measurably
+slowed down (CAAC's gate shut, eta < 1, and the last ``CostConfig.slow_steps`` (2) measured steps
+each slower than ``band_hi`` times their size's baseline), else by ``CostConfig.open_skip_margin``
+(25 %): without load only chains that carry the round on their own send it undrafted (oasst's
+copy rounds on the Zen 4's slow edge: 3.8 tokens a round at 0.18 s, against 6 at ~0.74 s for
+``fixed``'s drafted depth 4). The run of slow steps: one step shuts the gate (ESR moves half way
+to a step's ratio), and on a shared CPU about one step in ten is a spike 1.3-1.8x its baseline
+(the PyTorch draft on the Zen 4 without load: 8 of 94 of ``fixed``'s draft steps, 9 of 50 of
+``rapid``'s proactive ones, which overlap the target's verify on the other core). Priced at that
+ESR, one spike put rapid-cost at depth 0 for whole generations without load: a round that drafts
+nothing measures no step, and a probe's one step, feeding the tokens the skipped rounds left
+pending, is of a size not seen before and reads as neutral (``rapid.runtime.step_cost``). A step
+at its baseline ends the run. After ``CostConfig.max_undrafted`` undrafted rounds in a row one
+round drafts (a probe); a probe followed by another undrafted round doubles the interval, up to
+``PROBE_BACKOFF`` times, and a drafted round after it resets it: a load that lifts is seen within
+~32 rounds, and a draft that stays too slow costs one drafted round in 33. CAAC's own depth
+(``rapid``) stays in 1..max_depth.
 
 **What the reach counts.** ``P(reach d)`` is the draft's: the chains are priced apart (above). A
 round whose verdict went past the levels it drafted was carried there by a lookup chain, and
@@ -217,10 +218,10 @@ class CostAwareCAAC(CAAC):
 
     # ---- the decision --------------------------------------------------------------------
     def cost_depth(self, reused: int = 0, proactive: bool = False, sigma: float = 1.0,
-                   undrafted: bool = False) -> tuple[int, list[float]] | None:
+                   undrafted: bool = False, margin: float | None = None) -> tuple[int, list[float]] | None:
         """(depth*, rate by depth) from the current estimates, a draft step priced at ``sigma``
-        times its baseline, depth 0 (no draft step) a candidate with ``undrafted``; None while a
-        cost is unknown."""
+        times its baseline, depth 0 (no draft step) a candidate with ``undrafted`` where it beats
+        drafting by ``margin`` (default ``skip_margin``); None while a cost is unknown."""
         c, link = self.config, self.costs.link
         table = {t: sigma * s for t, s in self._phys.baseline.classes().items()}
         steps = draft_seconds(table, link.width, c.max_depth, max(0, reused))
@@ -236,7 +237,8 @@ class CostAwareCAAC(CAAC):
             steps = [steps[0]] + [steps[d] - (reach[d - 1] * kf + (1 - reach[d - 1]) * kp)
                                   * min(link.rtt + verify[d], whole[d]) for d in range(1, c.max_depth + 1)]
         lo = 0 if undrafted and reused <= 0 else min(c.max_depth, max(c.min_depth, reused))
-        return choose_depth(reach, steps, verify, link.rtt, lo, chains, self.cost.skip_margin)
+        margin = self.cost.skip_margin if margin is None else margin
+        return choose_depth(reach, steps, verify, link.rtt, lo, chains, margin)
 
     def next_depth(self, proactive: bool = False, reused: int = 0) -> CAACDecision:
         """``clamp(depth*)`` at the contended step price (sigma = ESR while eta < 1), or 0 (draft
@@ -244,9 +246,10 @@ class CostAwareCAAC(CAAC):
         by ``skip_margin`` and fewer than the probe interval's rounds in a row drafted nothing;
         CAAC's depth while the costs are unknown."""
         esr, eta = self._gate()
-        undrafted = (eta < 1.0 and self._undrafted < self._probe_every  # only on a measurably slowed edge
-                     and self._slow_run >= self.cost.slow_steps)  # ... not one spike (docstring)
-        best = self.cost_depth(reused, proactive, esr if eta < 1.0 else 1.0, undrafted)
+        slowed = eta < 1.0 and self._slow_run >= self.cost.slow_steps  # not one spike (docstring)
+        margin = self.cost.skip_margin if slowed else self.cost.open_skip_margin
+        best = self.cost_depth(reused, proactive, esr if eta < 1.0 else 1.0,
+                               self._undrafted < self._probe_every, margin)
         if best is None:
             return super().next_depth(proactive)
         c = self.config

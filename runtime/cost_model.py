@@ -80,6 +80,7 @@ class CostConfig:
     max_undrafted: int = 4  # rounds in a row that may skip drafting (depth 0) before one drafts to
     # re-measure the step and the acceptance (rapid.runtime.cost_caac); 0: every round drafts
     skip_margin: float = 0.05  # a round drafts nothing only where that beats drafting by this much
+    open_skip_margin: float = 0.25  # ... by this much while the edge is not measurably slowed
     slow_steps: int = 2  # ... and only after this many measured steps in a row each slower than
     # CAAC's band on its own (s / tau_hat(T) > band_hi): one jitter spike shuts the gate (rapid.runtime.cost_caac)
 
@@ -96,8 +97,9 @@ class CostConfig:
             raise ValueError(f"CostConfig.max_undrafted must be an int >= 0, got {self.max_undrafted!r}")
         if not isinstance(self.slow_steps, int) or self.slow_steps < 1:
             raise ValueError(f"CostConfig.slow_steps must be an int >= 1, got {self.slow_steps!r}")
-        if self.skip_margin < 0:
-            raise ValueError(f"CostConfig.skip_margin must be >= 0, got {self.skip_margin}")
+        for name in ("skip_margin", "open_skip_margin"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"CostConfig.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("alpha_reach", "alpha_verify", "alpha_rtt"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"CostConfig.{name} must be in (0, 1], got {getattr(self, name)}")

@@ -193,6 +193,21 @@ def test_one_slow_step_shuts_the_gate_but_no_round_goes_undrafted_for_it():
     assert ctrl.next_depth(True).eta < 1 and ctrl.next_depth(True).depth >= 1
 
 
+def test_without_load_only_chains_that_carry_the_round_send_it_undrafted():
+    """A slow edge without load (a 0.13 s step against a 0.15 s verify): a 4-level lookup chain the
+    request's text keeps confirming sends rounds undrafted (their rate ~1.5x the best drafted one);
+    a weak chain (~1.16x, a near tie of estimates) does not, as it would with the loaded margin."""
+    p, s, v, rtt = 0.9, 0.13, (lambda n: 0.15 + 0.005 * n), 0.03
+    ctrls = CostAwareCAAC(), CostAwareCAAC(cost=CostConfig(open_skip_margin=CostConfig().skip_margin))
+    assert min(drive(ctrls[0], p, s, v, rtt, rounds=60)) >= 1  # no chains: every round drafts
+    drive(ctrls[1], p, s, v, rtt, rounds=60)  # (with the loaded margin: the empty tree's ~1.07x skips)
+    for ctrl in ctrls:
+        ctrl.observe_lookup([0.9] * 4, 4)
+        assert ctrl.next_depth(True).depth == 0 and ctrl.next_depth(True).eta == 1.0
+        ctrl.observe_lookup([0.3], 1)
+    assert ctrls[0].next_depth(True).depth >= 1 and ctrls[1].next_depth(True).depth == 0
+
+
 def test_depth_follows_the_round_trip():
     p, s, v, _ = REGIMES["cellular"]
     lan = drive(CostAwareCAAC(), p, s, v, 0.002)[100:]
