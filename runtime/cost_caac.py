@@ -85,7 +85,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 
-from rapid.runtime.caac import CAAC, CAACConfig, _as_int
+from rapid.runtime.caac import CAAC, CAACConfig
 from rapid.runtime.cost_model import (
     BranchYield,
     CloudCosts,
@@ -160,17 +160,6 @@ class CostAwareCAAC(CAAC):
         self._undrafted = 0  # rounds in a row sent without a draft step
         self._probe_every = self.cost.max_undrafted  # undrafted rounds allowed before one drafts
         self._after_probe = False  # the last round drafted because _probe_every ran out
-        self._slow_run = 0  # measured steps in a row each slower than the band on its own
-
-    def observe_step(self, seconds: float, tokens: int) -> None:
-        """CAAC's, and the run of measured steps each above ``band_hi`` times its own size's
-        baseline (a step of a size not seen yet measures nothing: its class starts there)."""
-        n, before = _as_int(tokens), self._phys.steps
-        base = self._phys.baseline.predict(n) if n is not None else None
-        super().observe_step(seconds, tokens)
-        if base is not None and self._phys.steps > before:
-            slow = self._phys.tau_cur > self.config.band_hi * base
-            self._slow_run = self._slow_run + 1 if slow else 0
 
     def new_request(self) -> None:
         super().new_request()
@@ -246,7 +235,7 @@ class CostAwareCAAC(CAAC):
         by ``skip_margin`` and fewer than the probe interval's rounds in a row drafted nothing;
         CAAC's depth while the costs are unknown."""
         esr, eta = self._gate()
-        slowed = eta < 1.0 and self._slow_run >= self.cost.slow_steps  # not one spike (docstring)
+        slowed = eta < 1.0 and self._phys.slow_run >= self.cost.slow_steps  # not one spike (docstring)
         margin = self.cost.skip_margin if slowed else self.cost.open_skip_margin
         best = self.cost_depth(reused, proactive, esr if eta < 1.0 else 1.0,
                                self._undrafted < self._probe_every, margin)

@@ -31,6 +31,10 @@ every prompt length would otherwise grow the table without bound.
     tau_hat(T) updated as above with rate = alpha_slow      if steps < n_warmup or ESR <= band_hi
                                             alpha_slow_hold otherwise (hysteresis: near-frozen)
 
+``slow_run`` counts the steps of a known size in a row each slower than ``band_hi`` times their
+own baseline (a new class counts neither way): one spike moves the ESR, a run says the edge is
+slowed (rapid-cost's depth 0, ``rapid.runtime.cost_caac``).
+
 Telemetry: ``tau_cur`` = s of the last step, ``tau_fast`` = EMA(s) and ``tau_slow`` =
 EMA(tau_hat(T)) over the same steps (both at ``alpha_fast``, seconds per step), so ``ESR ~=
 tau_fast / tau_slow``; ``tau_fast`` is also the time cap's seconds per step.
@@ -104,6 +108,7 @@ class Slowdown:
         self.esr = 1.0
         self.tau_cur = self.tau_fast = self.tau_slow = 0.0
         self.tokens_per_step = 0.0
+        self.slow_run = 0  # steps of a known size in a row, each over band_hi times its own baseline
 
     def observe(self, seconds: float, tokens: int) -> None:
         """One complete step of ``tokens`` tokens that took ``seconds`` (> 0, finite)."""
@@ -122,6 +127,7 @@ class Slowdown:
             self.tokens_per_step += c.alpha_fast * (tokens - self.tokens_per_step)
         warm = self.steps < c.n_warmup
         if not new_class:
+            self.slow_run = self.slow_run + 1 if s > c.band_hi * base else 0
             if not warm:
                 self.esr += c.alpha_fast * (s / base - self.esr)
             average = warm or self.esr <= c.band_hi
