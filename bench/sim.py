@@ -57,7 +57,7 @@ from rapid.bench.oracle_plan import plan_depth
 from rapid.bench.sim_branch import draw_count, run_branch
 from rapid.runtime.branch_gate import BranchGate
 from rapid.runtime.coordinator import CoordinatorConfig, controller_for
-from rapid.runtime.depth_control import round_depth
+from rapid.runtime.depth_control import observed_depth, round_depth
 from rapid.runtime.policies import POLICIES, Policy
 
 ORACLE = "oracle"
@@ -354,8 +354,8 @@ class _Cloud:
             end, kept = run_branch(e, t_send, t_arr, a, depth, (1 if full else 0) if hit else None)
         if pol.drafting:  # as the coordinator: the link's share of the wait = arrival - send - verify
             e.ctrl.observe_verdict(depth, round(p["nodes"]), p["verify_s"], t_arr - t_send - p["verify_s"], a, kept)
-        sampled = min(depth, e.target - e.pos - 1)  # as the coordinator: the levels a round could send
-        e.ctrl.observe_round(a, sampled if pol.drafting else max(depth, 1), t_arr - t_send, e.decision.b_hat)
+        sampled = observed_depth(depth, e.target - e.pos) if pol.drafting else max(depth, 1)  # as the coordinator
+        e.ctrl.observe_round(a, sampled, t_arr - t_send, e.decision.b_hat)
         e.decision = e.ctrl.next_depth(pol.proactive, e.reused)
         e.pos += a + 1
         e.res.tokens = min(e.pos, e.target)

@@ -45,7 +45,7 @@ from rapid.runtime.budget import settle_cloud, settle_draft
 from rapid.runtime.caac import CAAC, CAACConfig, FixedDepth
 from rapid.runtime.cost_caac import CostAwareCAAC
 from rapid.runtime.cost_model import CostConfig
-from rapid.runtime.depth_control import CAACDecision, DepthController, round_depth
+from rapid.runtime.depth_control import CAACDecision, DepthController, observed_depth, round_depth
 from rapid.runtime.drafter import Drafter
 from rapid.runtime.link import CloudLink
 from rapid.runtime.policies import Policy, get_policy
@@ -306,9 +306,8 @@ class Coordinator:
             self.controller.observe_verdict(depth, rec.tree_nodes, verdict.verify_s, rtt, rec.accepted,
                                             rec.proactive_hit)
             self.cut.observe_verdict(sent.scores, sent.lookup, verdict.verify_s, rtt, list(verdict.path))
-        # a round that drafted nothing says nothing of the draft's acceptance (depth 0: ignored), and
-        # none sends a level past left - 1 (a kept branch's are cut): acceptance of the levels sent
-        self.controller.observe_round(len(verdict.path), min(depth, left - 1) if p_drafts else max(depth, 1),
+        # a round that drafted nothing says nothing of the draft's acceptance (depth 0: ignored)
+        self.controller.observe_round(len(verdict.path), observed_depth(depth, left) if p_drafts else max(depth, 1),
                                       rec.cloud_s, decision.b_hat)
         if self.policy.cost_aware:  # the only controller that prices the lookup chains
             self.controller.observe_lookup(*d.lookup_outlook())

@@ -38,6 +38,13 @@ def round_depth(decided: int, left: int, kept: int) -> int:
     return depth if decided == 0 or left <= 1 else max(1, depth)
 
 
+def observed_depth(depth: int, left: int) -> int:
+    """The levels a drafting round's acceptance is measured against: its ``depth``, capped by the
+    ``left - 1`` levels it could send (a kept branch's deeper levels are cut; one token left: 0,
+    no sample)."""
+    return min(depth, left - 1)
+
+
 class DepthController(Protocol):
     """What the coordinator needs from a depth policy (CAAC or FixedDepth)."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rapid.runtime.depth_control import round_depth
+from rapid.runtime.depth_control import observed_depth, round_depth
 
 
 @given(decided=st.integers(0, 8), left=st.integers(1, 64), kept=st.integers(0, 8))
@@ -26,3 +26,9 @@ def test_round_depth_examples():
     assert round_depth(4, 1, 0) == 0  # but none whose nodes could not be sent: the bonus is the last token
     assert round_depth(2, 64, 3) == 3  # the kept branch's levels are never thrown away
     assert round_depth(0, 64, 0) == 0
+
+
+def test_observed_depth_is_the_levels_a_round_could_send():
+    assert observed_depth(4, 64) == 4
+    assert observed_depth(5, 3) == 2  # a kept branch's levels past left - 1 are cut before the send
+    assert observed_depth(1, 1) == 0  # one token left: nothing sent, no sample
