@@ -11,8 +11,8 @@ kept, and it is kept far more often after a fully accepted round::
                                                   / (draft(D, r) + RTT + V(n(D)) - saved(D))
     draft(D, r) = sigma * sum_{l=r..D-1} tau_hat(T_l),   T_0 = 1 (the root step), T_l = width (frontier)
     sigma       = ESR while CAAC's gate is shut (eta < 1), else 1     (the contended step cost)
-    saved(D)    = (P(reach D) k_full + (1 - P(reach D)) k_part) * min(RTT + V(n(D)), draft(D, 0))
-                  (proactive policies; 0 otherwise)
+    saved(D)    = (P(reach D) k_full + (1 - P(reach D)) k_part) (1 - P_lookup(D + 1))
+                  * min(RTT + V(n(D)), draft(D, 0))          (proactive policies; 0 otherwise)
     L = clamp(depth*, min_depth, max_depth)
 
 ``P(reach d)``, ``V`` (the cloud's verify curve from ``Ready``, refreshed by each verdict's
@@ -20,7 +20,13 @@ kept, and it is kept far more often after a fully accepted round::
 ``k_full`` / ``k_part`` are the estimates of :mod:`rapid.runtime.cost_model`; ``tau_hat(T)`` is
 the uncontended per-size step baseline of :mod:`rapid.runtime.step_cost` (piecewise linear
 between the sizes seen). ``saved`` charges the next round's saving to the round whose outcome
-earns it (a branch is drafted for the length of the wait, at most one tree).
+earns it (a branch is drafted for the length of the wait, at most one tree). A verdict that a
+lookup chain carries past the drafted levels (``P_lookup(D + 1)``, below) lands on a node the
+draft never fed, where no root can be: that round keeps no branch, so it saves nothing and is no
+sample of ``k_full`` / ``k_part`` either. Counted as a full round that lost its branch, oasst's
+copy rounds drove ``k_full`` down for the next request; priced as a likely saving, they kept
+rapid-cost drafting depth 1 beside a 9-token chain (a round of 0.36 s where the chain alone
+took 0.23 s on the Zen 4's slow edge).
 
 Under load the gate does not multiply the depth (CAAC's ``eta * B_hat``): a slowdown raises the
 price of a draft step by ESR, the slowdown the gate measures, and the depth is the argmax at that
@@ -185,7 +191,7 @@ class CostAwareCAAC(CAAC):
         self.costs.verify.observe(int(nodes), float(verify_s))
         self.costs.link.observe(int(depth), int(nodes), rtt_s)
         self._count_undrafted(depth)
-        if hit is not None and accepted is not None:
+        if hit is not None and accepted is not None and accepted <= depth:  # not a chain's round (docstring)
             self._branch.observe(accepted >= depth, bool(hit))
 
     def _count_undrafted(self, depth: int) -> None:
@@ -223,7 +229,8 @@ class CostAwareCAAC(CAAC):
         if proactive:  # the critical path less the expected saving of a kept branch (docstring)
             whole = draft_seconds(table, link.width, c.max_depth, 0) or steps
             kf, kp = self._branch.rate(True), self._branch.rate(False)
-            steps = [steps[0]] + [steps[d] - (reach[d - 1] * kf + (1 - reach[d - 1]) * kp)
+            past = [chains[d] if d < len(chains) else 0.0 for d in range(c.max_depth + 1)]  # P(a chain passes D)
+            steps = [steps[0]] + [steps[d] - (reach[d - 1] * kf + (1 - reach[d - 1]) * kp) * (1.0 - past[d])
                                   * min(link.rtt + verify[d], whole[d]) for d in range(1, c.max_depth + 1)]
         lo = 0 if undrafted and reused <= 0 else min(c.max_depth, max(c.min_depth, reused))
         margin = self.cost.skip_margin if margin is None else margin

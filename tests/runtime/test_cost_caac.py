@@ -304,6 +304,31 @@ def test_a_kept_branch_is_credited_by_the_rate_it_is_kept_at():
     assert ctrl.snapshot()["kept_after_full"] == 1.0 and ctrl.snapshot()["kept_after_partial"] == 0.0
 
 
+def test_a_chain_that_carries_the_verdict_past_the_draft_leaves_no_branch_to_keep():
+    """A verdict a lookup chain carries below the drafted levels lands where no root can be: the
+    saving is discounted by P_lookup(D + 1), and such a round is no sample of the kept rates
+    (counted as a full round that lost its branch, it would drive k_full down)."""
+    ctrl = CostAwareCAAC()
+    ctrl.observe_cloud([0, 31], [0.02, 0.02], 16, 2)
+    for _ in range(20):
+        ctrl.observe_step(0.01, 1)
+        ctrl.observe_step(0.01, 2)
+    ctrl.observe_verdict(4, 8, 0.02, 0.005, accepted=4, hit=True)  # kept after a full round
+    for _ in range(5):
+        ctrl.observe_verdict(1, 9, 0.02, 0.005, accepted=8, hit=False)  # a chain's rounds
+    assert ctrl.snapshot()["kept_after_full"] == 1.0
+    chain = [0.9, 0.8, 0.7]  # levels 1..3
+    ctrl.observe_lookup(chain, 3)
+    rates = ctrl.cost_depth(0, True)[1]
+    reach = ctrl._reach.reach()
+    for d in range(1, 9):
+        past = chain[d] if d < len(chain) else 0.0
+        saved = reach[d - 1] * 1.0 * (1.0 - past) * min(0.005 + 0.02, 0.01 * d)
+        gain = 1 + sum(1 - (1 - reach[k]) * (1 - (chain[k] if k < 3 else 0.0)) for k in range(d))
+        gain += sum(chain[d:])
+        assert rates[d] == pytest.approx(gain / (0.01 * d - saved + 0.02 + 0.005)), d
+
+
 def test_a_round_a_lookup_chain_carried_past_the_drafted_depth_is_no_reach_sample():
     """Only a chain reaches below the drafted levels, and the verdict does not say which drafted
     levels the draft's own nodes matched: the reach is left as it was, where a round that
