@@ -3,7 +3,10 @@
 Peers (``peers.jsonl``, ``rapid.bench.peers``): per set, rapid's median tok/s over ``ar`` next to
 each HF peer's over ``hf-plain``, each ratio taken per prompt on median seconds over repeats and
 then the median over the set's prompts; ``same`` counts prompts whose every repeat emitted
-hf-plain's tokens.
+hf-plain's tokens. A second table gives the tokens per second themselves (each method's median
+over repeats per prompt, then over the set's prompts; ours from the bench's summary), since each
+ratio has its own denominator: HF's plain ``generate`` ran at half ``ar``'s speed on the Zen 4
+(3.2 against 6.5 tok/s), so a peer can lead by its own ratio while being slower than rapid.
 
 Ceiling (``rounds.jsonl``, the ``rapid`` policy's rounds): per set,
 
@@ -50,6 +53,33 @@ def peer_ratios(peers: list[dict]) -> dict[str, dict[str, tuple[float, int, int]
         for pset, vals in by_set.items():
             out[pset][method] = (statistics.median(v for v, _ in vals), sum(s for _, s in vals), len(vals))
     return dict(out)
+
+
+def peer_tok_s(peers: list[dict]) -> dict[str, dict[str, float]]:
+    """set → method → median over the set's prompts of the method's median tok/s over repeats."""
+    tps = _median_tok_s([dict(r, tokens_len=len(r["tokens"])) for r in peers])
+    by: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for (pset, _, method), v in tps.items():
+        by[(pset, method)].append(v)
+    out: dict[str, dict[str, float]] = defaultdict(dict)
+    for (pset, method), vals in by.items():
+        out[pset][method] = statistics.median(vals)
+    return dict(out)
+
+
+def peer_tok_s_lines(peers: list[dict], ours: dict[str, dict[str, float]], policy: str = "rapid") -> list[str]:
+    """Tokens per second of ``policy``, ``ar`` and each HF method per set (``ours``: set → policy →
+    median tok/s, one profile, no load), and the fastest of them."""
+    if not peers:
+        return []
+    theirs = peer_tok_s(peers)
+    methods = [policy, "ar", "hf-plain", *(m for m, _ in PEER_RATIOS)]
+    rows = []
+    for pset in sorted(set(theirs) | set(ours)):
+        vals = {**{m: v for m, v in ours.get(pset, {}).items() if m in (policy, "ar")}, **theirs.get(pset, {})}
+        rows.append([pset, *(cell(vals.get(m), ".2f") for m in methods), max(vals, key=vals.get) if vals else "-"])
+    return ["", "Tokens per second (the same prompts; each ratio above has its own denominator):", ""] + md_table(
+        ["set", *(f"{m} tok/s" for m in methods), "fastest"], rows)
 
 
 def peer_lines(peers: list[dict], rapid_vs_ar: dict[str, float], policy: str = "rapid") -> list[str]:

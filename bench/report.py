@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rapid.bench.branch_outcomes import branch_outcome_lines
 from rapid.bench.md_table import md_table
-from rapid.bench.peer_report import ceiling_lines, peer_lines
+from rapid.bench.peer_report import ceiling_lines, peer_lines, peer_tok_s_lines
 from rapid.bench.plots import make_plots
 from rapid.bench.policy_targets import target_lines
 from rapid.bench.round_time import round_time_lines
@@ -188,7 +188,12 @@ def write_report(folder: str | Path, plots: bool = True) -> dict[str, Path]:
     L += target_lines(rows, EDGE_DEFAULT.policy)
     lead = EDGE_DEFAULT.policy if any(r["policy"] == EDGE_DEFAULT.policy for r in rows) else "rapid"
     vs_ar = {r["set"]: r["vs_ar"] for r in rat if r["policy"] == lead and r["schedule"] == "none" and "vs_ar" in r}
-    L += peer_lines(read_jsonl(folder / "peers.jsonl"), vs_ar, lead) + ceiling_lines(rounds, lead)
+    peers = read_jsonl(folder / "peers.jsonl")
+    ours: dict[str, dict[str, float]] = {}
+    for r in rows:
+        if r["schedule"] == "none" and r["policy"] in (lead, "ar"):
+            ours.setdefault(r["set"], {})[r["policy"]] = r["tok_s"]
+    L += peer_lines(peers, vs_ar, lead) + peer_tok_s_lines(peers, ours, lead) + ceiling_lines(rounds, lead)
     L += round_time_lines(rounds, lead) + branch_outcome_lines(rounds, lead)
     pngs = [p for k, p in files.items() if k not in ("summary", "report")]
     if pngs:

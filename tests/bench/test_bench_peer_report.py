@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from rapid.bench.peer_report import ceiling_lines, ceiling_rows, peer_lines, peer_ratios
+from rapid.bench.peer_report import (
+    ceiling_lines,
+    ceiling_rows,
+    peer_lines,
+    peer_ratios,
+    peer_tok_s,
+    peer_tok_s_lines,
+)
 from rapid.bench.report import write_report
 
 
@@ -39,6 +46,20 @@ def test_peer_lines_say_whether_rapid_leads_every_peer():
     assert row == "| c4 | 3.50 | 3.00 | 2/2 | 1.50 | 1/2 | yes |"
     assert peer_lines(_peers(), {"c4": 2.5})[-1].endswith("| no |")
     assert peer_lines([], {"c4": 3.5}) == []
+
+
+def test_peer_tok_s_puts_every_method_on_one_scale():
+    """Each ratio has its own denominator; the tok/s table shows who is fastest outright: here
+    hf-assisted leads by its own ratio (3.0 against 2.5) and is slower than rapid (1.5 tok/s)."""
+    tps = peer_tok_s(_peers())
+    assert tps["c4"]["hf-plain"] == pytest.approx(1.0)  # prompts: 4 tokens / 4 s, 2 tokens / 2 s
+    assert tps["c4"]["hf-assisted"] == pytest.approx(3.0)  # 2 and 4 tok/s
+    lines = peer_tok_s_lines(_peers(), {"c4": {"rapid": 5.0, "ar": 2.0}})
+    row = next(x for x in lines if x.startswith("| c4"))
+    assert row == "| c4 | 5.00 | 2.00 | 1.00 | 3.00 | 1.50 | rapid |"
+    slow = next(x for x in peer_tok_s_lines(_peers(), {"c4": {"rapid": 2.9, "ar": 2.0}}) if x.startswith("| c4"))
+    assert slow.endswith("| hf-assisted |")
+    assert peer_tok_s_lines([], {"c4": {"rapid": 5.0}}) == []
 
 
 def test_ceiling_rows_use_rapids_rounds_and_ars_one_token_verify():
