@@ -105,7 +105,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-from rapid.runtime.depth_control import CAACDecision
+from rapid.runtime.depth_control import CAACDecision, carried_by_chain
 from rapid.runtime.step_cost import Slowdown
 
 __all__ = ["CAAC", "CAACConfig", "FixedDepth"]
@@ -281,7 +281,7 @@ class CAAC:
             b_hat = self._b_hat()
         first = self._verdicts == 0
         self._verdicts += 1
-        if first or a > d:  # the reply's first token, or a lookup chain's round: no sample (docstring)
+        if first or carried_by_chain(a, d):  # the reply's first token, or a lookup chain's round: no sample
             self._unsampled_rounds += 1
             return
         recommended = _round_half_up(b_hat)  # the logical depth behind this round

@@ -99,7 +99,7 @@ from rapid.runtime.cost_model import (
     ReachEstimate,
     interpolate,
 )
-from rapid.runtime.depth_control import CAACDecision
+from rapid.runtime.depth_control import CAACDecision, carried_by_chain
 
 __all__ = ["CostAwareCAAC", "choose_depth", "draft_seconds"]
 
@@ -191,7 +191,7 @@ class CostAwareCAAC(CAAC):
         self.costs.verify.observe(int(nodes), float(verify_s))
         self.costs.link.observe(int(depth), int(nodes), rtt_s)
         self._count_undrafted(depth)
-        if hit is not None and accepted is not None and accepted <= depth:  # not a chain's round (docstring)
+        if hit is not None and accepted is not None and not carried_by_chain(accepted, depth):  # (docstring)
             self._branch.observe(accepted >= depth, bool(hit))
 
     def _count_undrafted(self, depth: int) -> None:
@@ -208,7 +208,7 @@ class CostAwareCAAC(CAAC):
                       b_hat: float | None = None) -> None:
         before = self._ignored_rounds
         super().observe_round(accepted, depth, cloud_seconds, b_hat)
-        if self._ignored_rounds == before and accepted <= depth:  # validated; not a chain's round (docstring)
+        if self._ignored_rounds == before and not carried_by_chain(accepted, depth):  # validated (docstring)
             self._reach.observe(int(accepted), int(depth))
 
     # ---- the decision --------------------------------------------------------------------

@@ -45,6 +45,13 @@ def observed_depth(depth: int, left: int) -> int:
     return min(depth, left - 1)
 
 
+def carried_by_chain(accepted: int, depth: int) -> bool:
+    """The verdict went past the ``depth`` levels the round drafted: only a prompt-lookup chain
+    reaches there, so the round says nothing of the draft's own acceptance or of a proactive
+    branch (whose roots hang below drafted nodes)."""
+    return accepted > depth
+
+
 class DepthController(Protocol):
     """What the coordinator needs from a depth policy (CAAC or FixedDepth)."""
 

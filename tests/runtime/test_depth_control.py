@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rapid.runtime.depth_control import observed_depth, round_depth
+from rapid.runtime.depth_control import carried_by_chain, observed_depth, round_depth
 
 
 @given(decided=st.integers(0, 8), left=st.integers(1, 64), kept=st.integers(0, 8))
@@ -32,3 +32,8 @@ def test_observed_depth_is_the_levels_a_round_could_send():
     assert observed_depth(4, 64) == 4
     assert observed_depth(5, 3) == 2  # a kept branch's levels past left - 1 are cut before the send
     assert observed_depth(1, 1) == 0  # one token left: nothing sent, no sample
+
+
+def test_only_a_verdict_past_the_drafted_levels_is_carried_by_a_chain():
+    assert carried_by_chain(5, 4) and carried_by_chain(1, 0)
+    assert not carried_by_chain(4, 4) and not carried_by_chain(0, 3)
