@@ -32,22 +32,21 @@ PEER_RATIOS = (("hf-assisted", "hf-plain"), ("hf-lookup", "hf-plain"))
 def _median_tok_s(rows: list[dict]) -> dict[tuple[str, str, str], float]:
     groups: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     for r in rows:
-        groups[(r["set"], r["prompt_id"], r["method"])].append(r["tokens_len"] / r["seconds"])
+        groups[(r["set"], r["prompt_id"], r["method"])].append(len(r["tokens"]) / r["seconds"])
     return {k: statistics.median(v) for k, v in groups.items()}
 
 
 def peer_ratios(peers: list[dict]) -> dict[str, dict[str, tuple[float, int, int]]]:
     """set → method → (median over prompts of tok/s ratio to hf-plain, prompts identical, prompts)."""
-    rows = [dict(r, tokens_len=len(r["tokens"])) for r in peers]
-    tps = _median_tok_s(rows)
-    plain = {(r["set"], r["prompt_id"], r["repeat"]): r["tokens"] for r in rows if r["method"] == "hf-plain"}
+    tps = _median_tok_s(peers)
+    plain = {(r["set"], r["prompt_id"], r["repeat"]): r["tokens"] for r in peers if r["method"] == "hf-plain"}
     out: dict[str, dict[str, tuple[float, int, int]]] = defaultdict(dict)
     for method, base in PEER_RATIOS:
         by_set: dict[str, list[tuple[float, bool]]] = defaultdict(list)
         for (pset, pid, m), v in tps.items():
             if m != method or (pset, pid, base) not in tps:
                 continue
-            same = all(r["tokens"] == plain.get((pset, pid, r["repeat"])) for r in rows
+            same = all(r["tokens"] == plain.get((pset, pid, r["repeat"])) for r in peers
                        if r["set"] == pset and r["prompt_id"] == pid and r["method"] == method)
             by_set[pset].append((v / tps[(pset, pid, base)], same))
         for pset, vals in by_set.items():
@@ -57,7 +56,7 @@ def peer_ratios(peers: list[dict]) -> dict[str, dict[str, tuple[float, int, int]
 
 def peer_tok_s(peers: list[dict]) -> dict[str, dict[str, float]]:
     """set → method → median over the set's prompts of the method's median tok/s over repeats."""
-    tps = _median_tok_s([dict(r, tokens_len=len(r["tokens"])) for r in peers])
+    tps = _median_tok_s(peers)
     by: dict[tuple[str, str], list[float]] = defaultdict(list)
     for (pset, _, method), v in tps.items():
         by[(pset, method)].append(v)
