@@ -19,13 +19,22 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
+from itertools import pairwise
 
 from rapid.bench.md_table import md_table
+from rapid.bench.paired_runs import (
+    ablation_by_repeat,
+    increasing_repeats,
+    paired_ratios,
+    spread_text,
+    undecided,
+)
 
 ABLATION = ("fixed", "ipdg", "caac", "rapid", "rapid-cost")  # each step adds one mechanism
 ABLATION_LABELS = {"fixed": "fixed", "ipdg": "+IPDG", "caac": "+CAAC (no IPDG)", "rapid": "RAPID (both)",
                    "rapid-cost": "rapid-cost"}
 ADAPTIVE = ("caac", "rapid", "rapid-cost")  # policies that choose their own depth
+ORDERED = ABLATION[:4]  # issue 22: fixed < +IPDG < +CAAC < RAPID, strictly
 
 
 @dataclass(slots=True, frozen=True)
@@ -128,24 +137,59 @@ def _regime_lines(rows: list[dict], default: str, slack: float = 0.03) -> list[s
                         ([c["profile"], c["schedule"], c["set"], c["fastest"], f"{c['ratio']:.2f}"] for c in fast))
 
 
-def target_lines(rows: list[dict], default: str) -> list[str]:
-    """Markdown: the count targets, the ablation table and ``default`` (the edge's default policy)
-    against the fastest policy under load (empty when nothing applies)."""
-    checks = count_checks(rows, count_targets(default))
-    L: list[str] = []
-    if checks:
-        table = []
-        for c in checks:
-            t = c["target"]
-            per = ", ".join(f"{s} {v:.2f}" for s, v in c["per_set"].items())
-            want = "every set" if t.need is None else f"{t.need} sets"
-            table.append([c["profile"], t.schedule, f"{t.policy}/{t.base} ≥ {t.ratio:g}", per,
-                         f"{c['reached']}/{len(c['per_set'])}", want, "met" if c["met"] else "missed"])
-        L += ["", "## Targets over prompt sets", "",
-              *md_table(["profile", "schedule", "ratio", "per set", "sets reaching it", "target", "verdict"], table)]
+def _count_lines(checks: list[dict], runs: list[dict]) -> list[str]:
+    """Markdown: the count targets; with ``runs``, the sets whose repeats disagree on the line."""
+    table = []
+    for c in checks:
+        t = c["target"]
+        per = ", ".join(f"{s} {v:.2f}" for s, v in c["per_set"].items())
+        want = "every set" if t.need is None else f"{t.need} sets"
+        row = [c["profile"], t.schedule, f"{t.policy}/{t.base} ≥ {t.ratio:g}", per,
+               f"{c['reached']}/{len(c['per_set'])}", want, "met" if c["met"] else "missed"]
+        if runs:
+            paired = paired_ratios(runs, t.policy, t.base, t.schedule)
+            row.append(", ".join(s for s in c["per_set"] if undecided(paired.get((c["profile"], s), {}), t.ratio))
+                       or "none")
+        table.append(row)
+    head = ["profile", "schedule", "ratio", "per set", "sets reaching it", "target", "verdict"]
+    note = ["", "Undecided: sets whose paired per-repeat ratios fall on both sides of the line "
+            "(`rapid.bench.paired_runs`); a verdict there is the noise's."] if runs else []
+    return ["", "## Targets over prompt sets", "",
+            *md_table(head + (["undecided (repeats disagree)"] if runs else []), table), *note]
+
+
+def _ablation_lines(rows: list[dict], runs: list[dict]) -> list[str]:
+    """Markdown: the ablation table; with ``runs``, each gain's per-repeat spread and in how many
+    repeats fixed < +IPDG < +CAAC < RAPID holds."""
     abl = ablation(rows)
-    if abl:
-        L += ["", "## Ablation under sustained contention (macro mean over sets)", "",
-              *md_table(["profile", "policy", "sets", "tok/s", "vs fixed"],
-                        ([a["profile"], a["label"], a["sets"], f"{a['tok_s']:.2f}", f"{a['gain']:.2f}"] for a in abl))]
-    return L + _regime_lines(rows, default)
+    if not abl:
+        return []
+    by_rep = ablation_by_repeat(runs, ABLATION) if runs else {}
+    table = [[a["profile"], a["label"], a["sets"], f"{a['tok_s']:.2f}", f"{a['gain']:.2f}",
+              *([spread_text(by_rep.get(a["profile"], {}).get(a["policy"], {}))] if runs else [])] for a in abl]
+    L = ["", "## Ablation under sustained contention (macro mean over sets)", "",
+         *md_table(["profile", "policy", "sets", "tok/s", "vs fixed",
+                    *(["per repeat (paired)"] if runs else [])], table)]
+    for prof in sorted({a["profile"] for a in abl}):
+        gains = {a["policy"]: a["gain"] for a in abl if a["profile"] == prof}
+        present = [p for p in ORDERED if p in gains]
+        if len(present) < 2:
+            continue
+        medians = all(gains[a] < gains[b] for a, b in pairwise(present))
+        text = f"- {prof}: {' < '.join(ABLATION_LABELS[p] for p in present)} strictly: " \
+               f"{'yes' if medians else 'no'} by the medians"
+        if runs:
+            ok, n = increasing_repeats(by_rep.get(prof, {}), ORDERED)
+            text += f", in {ok} of {n} repeats"
+        L += ["", text]
+    return L
+
+
+def target_lines(rows: list[dict], default: str, runs: list[dict] | None = None) -> list[str]:
+    """Markdown: the count targets, the ablation table and ``default`` (the edge's default policy)
+    against the fastest policy under load (empty when nothing applies); with the bench's ``runs``,
+    the paired per-repeat spreads (``rapid.bench.paired_runs``)."""
+    checks = count_checks(rows, count_targets(default))
+    runs = runs or []
+    L = _count_lines(checks, runs) if checks else []
+    return L + _ablation_lines(rows, runs) + _regime_lines(rows, default)

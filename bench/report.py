@@ -185,7 +185,7 @@ def write_report(folder: str | Path, plots: bool = True) -> dict[str, Path]:
     same, checked = lossless_check(runs)
     L = _setup_lines(meta, same, checked)
     L += _result_lines(rows, rat)
-    L += target_lines(rows, EDGE_DEFAULT.policy)
+    L += target_lines(rows, EDGE_DEFAULT.policy, runs)
     lead = EDGE_DEFAULT.policy if any(r["policy"] == EDGE_DEFAULT.policy for r in rows) else "rapid"
     vs_ar = {r["set"]: r["vs_ar"] for r in rat if r["policy"] == lead and r["schedule"] == "none" and "vs_ar" in r}
     peers = read_jsonl(folder / "peers.jsonl")
