@@ -33,13 +33,16 @@ def run_branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int |
     if not pol.interruptible and pol.name in e.cal.branch_steps_by_policy and not e.oracle:
         # as traced: it runs them all, whatever the verdict
         want = draw_count(e.rng, e.cal.branch_steps_by_policy[pol.name])
+    waves = WAVES if not gated or e.gate.second_wave(0.0) else 1  # as the coordinator
+    if landed is not None and landed >= waves:  # a leaf's outcome: no root of its wave was chosen
+        landed, hit = None, False
     t, steps, stopped = t_send, 0, None
     # a tree step feeds tokens_per_step tokens, a chain step one: time = tau · scale(tokens)
     per_step = 1 if pol.chain_branch or e.oracle else e.cal.step_tokens
     while steps < want:
         if pol.interruptible and t >= t_arr:
             break
-        if gated and not e.gate.start(t - t_send, steps):
+        if gated and not e.gate.start(t - t_send, min(steps, waves - 1)):
             break
         d = e.step_time(t) * e.cal.step_scale(per_step)
         t += d
@@ -50,8 +53,8 @@ def run_branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int |
             stopped = steps
             break
     if gated:
-        e.gate.observe_kept(landed, WAVES if steps else 1)  # as the coordinator: a branch never
-        # started has no second wave
+        e.gate.observe_kept(landed, waves if steps else 1)  # as the coordinator: a branch never
+        # started, or started without one, has no second wave
         e.gate.observe_cloud(t_arr - t_send)
     kept = hit and steps > 0
     e.res.branches += 1

@@ -25,7 +25,15 @@ early misses would close the gate for good, with nothing left to reopen it. Once
 is overdue) the overlap term is 0, so only a certain branch (p = 1) starts another step. Until a
 cloud time and a step time are known every step starts (the paper's IPDG).
 
-Only when a step starts changes: no step starts after the feedback flag, a started step always
+The second wave costs the first step rows: D_i's unfed leaves (and any lookup chain below them,
+fed whole) ride in it so that their next tokens become known. Where a second step cannot end
+before the verdict, those rows buy nothing and lengthen the one step that can count:
+
+    second wave  iff  costs unknown   or   t + 2 s <= T
+
+so on a slow edge (a step ~0.6-1.2x the wait) the first step feeds the first wave's roots alone.
+
+Only when a step starts, and what the first step feeds, change: no step starts after the feedback flag, a started step always
 completes, and the verdict is reconciled as before, so the tokens are the target's whatever the
 gate decides.
 """
@@ -76,6 +84,13 @@ class BranchGate:
         """P(kept) for a branch whose step ``step`` (0 = the first) is done."""
         old = self.p_kept[min(max(step, 0), WAVES - 1)]
         return self.prior if old < 0.0 else old
+
+    def second_wave(self, elapsed_s: float) -> bool:
+        """Could a branch begun ``elapsed_s`` seconds after the send end its second step before the
+        verdict? (module docstring; True while a cost is unknown)"""
+        if self.cloud_s <= 0.0 or self.step_s <= 0.0:
+            return True
+        return elapsed_s + 2.0 * self.step_s <= self.cloud_s
 
     def start(self, elapsed_s: float, step: int = 1) -> bool:
         """Start branch step ``step`` (0 = the first) ``elapsed_s`` seconds after the send?

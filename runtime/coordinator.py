@@ -96,6 +96,7 @@ class Coordinator:
         self.cut = TreeCut(self.controller.costs if isinstance(self.controller, CostAwareCAAC) else None)
         self.executor = executor  # the worker threads (None: the loop's default pool, shared by everyone)
         self.gate = BranchGate()  # when an interruptible branch starts a step (runtime.branch_gate)
+        self._waves = WAVES  # root waves of the current branch: 1 where a second step would end late
         self._halt = threading.Event()  # set when a generation ends: workers stop at the next step
         self._workers: set[asyncio.Future] = set()
 
@@ -124,13 +125,16 @@ class Coordinator:
         """Expand the proactive branch to ``depth`` levels, or, with ``if_hit``, to
         ``if_hit(accepted)`` once the root is chosen (``accepted`` = the verdict's length if the
         branch guesses right); return (steps run, step after which feedback stopped it). An
-        interruptible policy asks the gate before each step (``t_sent``: when D_i was sent)."""
+        interruptible policy asks the gate before each step (``t_sent``: when D_i was sent), and
+        first whether a second wave of roots could be fed before the verdict: if not, the first
+        step feeds the first wave alone (``BranchGate.second_wave``)."""
         steps = 0
         width = 1 if self.policy.chain_branch else None
         d = self.drafter
         gated = self.policy.interruptible and t_sent is not None
-        it = d.proactive_steps(width)
-        while not gated or self.gate.start(self.clock() - t_sent, steps):
+        self._waves = WAVES if not gated or self.gate.second_wave(self.clock() - t_sent) else 1
+        it = d.proactive_steps(width, self._waves > 1)
+        while not gated or self.gate.start(self.clock() - t_sent, min(steps, self._waves - 1)):
             rec = next(it, None)
             if rec is None:
                 break
@@ -282,7 +286,7 @@ class Coordinator:
             rec.proactive_hit = d.branch_hit(path, verdict.bonus)
             rec.branch_outcome = d.branch_outcome(path, verdict.bonus)
             if d.roots:  # roots chosen: judged even when the gate stopped it before they were fed
-                self.gate.observe_kept(d.branch_landing(path, verdict.bonus), WAVES if rec.proactive_steps else 1)
+                self.gate.observe_kept(d.branch_landing(path, verdict.bonus), self._waves if rec.proactive_steps else 1)
             if not rec.proactive_hit:
                 rec.discarded_steps = rec.proactive_steps
                 d.restore_boundary(boundary)

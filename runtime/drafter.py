@@ -317,7 +317,7 @@ class Drafter:
         self.engine.truncate(b.kv_len)
         self.roots.clear()
 
-    def proactive_steps(self, width: int | None = None) -> Iterator[StepRecord]:
+    def proactive_steps(self, width: int | None = None, second_wave: bool = True) -> Iterator[StepRecord]:
         """The proactive expansion steps, one at a time (the caller checks feedback between them
         and simply stops iterating to interrupt).
 
@@ -334,12 +334,15 @@ class Drafter:
         The first wave of roots is chosen here, before any step is asked for: a branch that the
         caller stops before its first step (``runtime.branch_gate``) is still judged on them, so
         the gate keeps learning how often they would have been kept.
+
+        ``second_wave`` False: step 0 feeds the first wave's roots alone, no leaf, and no second
+        wave follows (``BranchGate.second_wave``: its step could not end before the verdict).
         """
         self._branch_width = width or self.params.width
         k = 1 if width == 1 else self.params.branch_roots
         sent = len(self.tree)
         leaves = self.tree.with_chains(self.tree.frontier(self.params.width, stop_ids=self.stop_ids),
-                                       self.stop_ids)
+                                       self.stop_ids) if second_wave else []
         chain = width == 1 and bool(leaves)  # its one root is chosen once the leaves are known
         early = [] if chain else self.roots.hang(
             self.tree, choose_proactive_roots(self.tree, self.params.branch_decay, k, self.params.floor, sent), 0)

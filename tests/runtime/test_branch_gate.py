@@ -133,3 +133,10 @@ def test_a_closed_gate_still_judges_the_first_wave_so_it_can_reopen(tiny_pair):
     assert len(judged) >= 2 and all(r.proactive_steps == 0 for r in gen.records)
     assert coord.gate.p_kept[0] != 0.5 and coord.gate.p_kept[1] == 0.5
     assert all(r.branch_outcome != "hit" for r in judged)
+
+
+def test_a_second_wave_only_where_its_step_can_end_before_the_verdict():
+    assert BranchGate().second_wave(5.0)  # costs unknown: the paper's branch, both waves
+    assert gate(0.2, 0.09, None).second_wave(0.0)  # 0.18 <= 0.2
+    assert not gate(0.2, 0.09, None).second_wave(0.03)  # 0.21 > 0.2
+    assert not gate(0.21, 0.26, None).second_wave(0.0)  # slow edge under load: one step, and late

@@ -251,3 +251,25 @@ def test_rounds_that_draft_nothing_leave_the_committed_tokens_pending_for_the_ne
     assert d.tree.score == pytest.approx(fresh.tree.score, abs=1e-4)
     with pytest.raises(DraftStateError):
         d.lookup_round()  # a tree with drafted levels is not a round that drafts nothing
+
+
+def test_without_a_second_wave_the_first_step_feeds_the_first_roots_alone(engine):
+    """On a slow edge a second branch step ends after the verdict (``BranchGate.second_wave``):
+    step 0 then feeds no leaf of D_i, only the roots whose outcome is known, and no root waits on
+    a leaf's next tokens."""
+    eng = engine()
+    d = Drafter(eng, TreeParams(depth=2, budget=6, topk=2, width=2, lookup=0, branch_roots=3, branch_decay=1.0))
+    d.start([3, 4])
+    d.draft(2)
+    unfed = [i for i in range(len(d.tree)) if d.tree.slot[i] < 0]
+    steps = d.proactive_steps(second_wave=False)
+    next(steps)
+    fed, _ = eng.seen[-1]
+    assert unfed and len(fed) == len(d.roots.roots) == 3 and set(d.roots.fed_by) == {0}
+    assert all(d.tree.slot[i] < 0 for i in unfed)  # D_i's leaves: still unfed
+    both = Drafter(engine(), TreeParams(depth=2, budget=6, topk=2, width=2, lookup=0, branch_roots=3,
+                                        branch_decay=1.0))
+    both.start([3, 4])
+    both.draft(2)
+    next(both.proactive_steps())
+    assert len(both.engine.seen[-1][0]) == 3 + 2  # the default: the width (2) best leaves ride in step 0
