@@ -58,8 +58,8 @@ def paired_ratios(runs: list[dict], policy: str, base: str,
 
 def ablation_by_repeat(runs: list[dict], policies: tuple[str, ...], kind: str = "sustained",
                        base: str = "fixed") -> dict[str, dict[str, dict[int, float]]]:
-    """{profile: {policy: {repeat: gain_k(policy)}}}, a repeat counted only where every set of
-    the profile has both the policy and ``base``."""
+    """{profile: {policy: {repeat: gain_k(policy)}}} over the sets where the policy and ``base``
+    both ran, a repeat counted only where each of those sets has it."""
     out: dict[str, dict[str, dict[int, float]]] = defaultdict(dict)
     for pol in policies:
         per_set = paired_ratios(runs, pol, base, kind)
