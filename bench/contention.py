@@ -81,6 +81,11 @@ class Schedule:
         return out
 
 
+def schedule_kind(name: str) -> str:
+    """The kind of a schedule's name, its parameters dropped: ``burst:4:4`` → ``burst``."""
+    return name.split(":")[0]
+
+
 def parse_schedule(spec: str) -> Schedule:
     """``none`` | ``sustained[:I]`` | ``burst:ON:OFF[:I]`` (see the module docstring)."""
     parts = spec.strip().split(":")

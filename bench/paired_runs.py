@@ -21,48 +21,47 @@ import statistics
 from collections import defaultdict
 from itertools import pairwise
 
+from rapid.bench.contention import schedule_kind
 
-def _kind(schedule: str) -> str:
-    return schedule.split(":")[0]
+RepeatTable = dict[tuple[str, str, str, str], dict[int, float]]  # (profile, kind, set, policy) -> repeat -> tok/s
 
 
-def repeat_tok_s(runs: list[dict]) -> dict[tuple[str, str, str, str], dict[int, float]]:
+def repeat_tok_s(runs: list[dict]) -> RepeatTable:
     """{(profile, schedule kind, set, policy): {repeat: tokens / wall seconds over its prompts}}."""
     tokens: dict[tuple, float] = defaultdict(float)
     wall: dict[tuple, float] = defaultdict(float)
     for r in runs:
-        key = (r["profile"], _kind(r["schedule"]), r["set"], r["policy"], int(r.get("repeat", 0)))
+        key = (r["profile"], schedule_kind(r["schedule"]), r["set"], r["policy"], int(r.get("repeat", 0)))
         tokens[key] += r["tokens"]
         wall[key] += r["wall_s"]
-    out: dict[tuple[str, str, str, str], dict[int, float]] = defaultdict(dict)
+    out: RepeatTable = defaultdict(dict)
     for key, w in wall.items():
         if w > 0:
             out[key[:4]][key[4]] = tokens[key] / w
     return dict(out)
 
 
-def paired_ratios(runs: list[dict], policy: str, base: str,
-                  kind: str) -> dict[tuple[str, str], dict[int, float]]:
-    """{(profile, set): {repeat: r_k(policy, set)}} over the repeats both policies ran."""
-    by = repeat_tok_s(runs)
+def paired_ratios(by: RepeatTable, policy: str, base: str, kind: str) -> dict[tuple[str, str], dict[int, float]]:
+    """{(profile, set): {repeat: r_k(policy, set)}} over the repeats both policies ran (``by``:
+    ``repeat_tok_s`` of the runs)."""
     out: dict[tuple[str, str], dict[int, float]] = {}
     for (prof, knd, st, pol), reps in by.items():
-        ref = by.get((prof, knd, st, base), {})
         if knd != kind or pol != policy:
             continue
+        ref = by.get((prof, knd, st, base), {})
         paired = {k: v / ref[k] for k, v in reps.items() if ref.get(k, 0) > 0}
         if paired:
             out[(prof, st)] = paired
     return out
 
 
-def ablation_by_repeat(runs: list[dict], policies: tuple[str, ...], kind: str = "sustained",
+def ablation_by_repeat(by: RepeatTable, policies: tuple[str, ...], kind: str = "sustained",
                        base: str = "fixed") -> dict[str, dict[str, dict[int, float]]]:
     """{profile: {policy: {repeat: gain_k(policy)}}} over the sets where the policy and ``base``
     both ran, a repeat counted only where each of those sets has it."""
     out: dict[str, dict[str, dict[int, float]]] = defaultdict(dict)
     for pol in policies:
-        per_set = paired_ratios(runs, pol, base, kind)
+        per_set = paired_ratios(by, pol, base, kind)
         for prof in sorted({p for p, _ in per_set}):
             sets = [s for p, s in per_set if p == prof]
             reps = set.intersection(*(set(per_set[(prof, s)]) for s in sets))

@@ -21,11 +21,14 @@ from collections import defaultdict
 from dataclasses import dataclass
 from itertools import pairwise
 
+from rapid.bench.contention import schedule_kind
 from rapid.bench.md_table import md_table
 from rapid.bench.paired_runs import (
+    RepeatTable,
     ablation_by_repeat,
     increasing_repeats,
     paired_ratios,
+    repeat_tok_s,
     spread_text,
     undecided,
 )
@@ -67,7 +70,7 @@ def count_targets(default: str) -> tuple[CountTarget, ...]:
 def _tok_s_by_cell(rows: list[dict]) -> dict[tuple[str, str, str], dict[str, float]]:
     cells: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
     for r in rows:
-        cells[(r["profile"], r["schedule"].split(":")[0], r["set"])][r["policy"]] = r["tok_s"]
+        cells[(r["profile"], schedule_kind(r["schedule"]), r["set"])][r["policy"]] = r["tok_s"]
     return cells
 
 
@@ -137,8 +140,9 @@ def _regime_lines(rows: list[dict], default: str, slack: float = 0.03) -> list[s
                         ([c["profile"], c["schedule"], c["set"], c["fastest"], f"{c['ratio']:.2f}"] for c in fast))
 
 
-def _count_lines(checks: list[dict], runs: list[dict]) -> list[str]:
-    """Markdown: the count targets; with ``runs``, the sets whose repeats disagree on the line."""
+def _count_lines(checks: list[dict], by: RepeatTable) -> list[str]:
+    """Markdown: the count targets; with ``by`` (per-repeat tok/s), the sets whose repeats disagree
+    on the line."""
     table = []
     for c in checks:
         t = c["target"]
@@ -146,30 +150,30 @@ def _count_lines(checks: list[dict], runs: list[dict]) -> list[str]:
         want = "every set" if t.need is None else f"{t.need} sets"
         row = [c["profile"], t.schedule, f"{t.policy}/{t.base} ≥ {t.ratio:g}", per,
                f"{c['reached']}/{len(c['per_set'])}", want, "met" if c["met"] else "missed"]
-        if runs:
-            paired = paired_ratios(runs, t.policy, t.base, t.schedule)
+        if by:
+            paired = paired_ratios(by, t.policy, t.base, t.schedule)
             row.append(", ".join(s for s in c["per_set"] if undecided(paired.get((c["profile"], s), {}), t.ratio))
                        or "none")
         table.append(row)
     head = ["profile", "schedule", "ratio", "per set", "sets reaching it", "target", "verdict"]
     note = ["", "Undecided: sets whose paired per-repeat ratios fall on both sides of the line "
-            "(`rapid.bench.paired_runs`); a verdict there is the noise's."] if runs else []
+            "(`rapid.bench.paired_runs`); a verdict there is the noise's."] if by else []
     return ["", "## Targets over prompt sets", "",
-            *md_table(head + (["undecided (repeats disagree)"] if runs else []), table), *note]
+            *md_table(head + (["undecided (repeats disagree)"] if by else []), table), *note]
 
 
-def _ablation_lines(rows: list[dict], runs: list[dict]) -> list[str]:
-    """Markdown: the ablation table; with ``runs``, each gain's per-repeat spread and in how many
-    repeats fixed < +IPDG < +CAAC < RAPID holds."""
+def _ablation_lines(rows: list[dict], by: RepeatTable) -> list[str]:
+    """Markdown: the ablation table; with ``by`` (per-repeat tok/s), each gain's per-repeat spread
+    and in how many repeats fixed < +IPDG < +CAAC < RAPID holds."""
     abl = ablation(rows)
     if not abl:
         return []
-    by_rep = ablation_by_repeat(runs, ABLATION) if runs else {}
+    by_rep = ablation_by_repeat(by, ABLATION) if by else {}
     table = [[a["profile"], a["label"], a["sets"], f"{a['tok_s']:.2f}", f"{a['gain']:.2f}",
-              *([spread_text(by_rep.get(a["profile"], {}).get(a["policy"], {}))] if runs else [])] for a in abl]
+              *([spread_text(by_rep.get(a["profile"], {}).get(a["policy"], {}))] if by else [])] for a in abl]
     L = ["", "## Ablation under sustained contention (macro mean over sets)", "",
          *md_table(["profile", "policy", "sets", "tok/s", "vs fixed",
-                    *(["per repeat (paired)"] if runs else [])], table)]
+                    *(["per repeat (paired)"] if by else [])], table)]
     for prof in sorted({a["profile"] for a in abl}):
         gains = {a["policy"]: a["gain"] for a in abl if a["profile"] == prof}
         present = [p for p in ORDERED if p in gains]
@@ -178,7 +182,7 @@ def _ablation_lines(rows: list[dict], runs: list[dict]) -> list[str]:
         medians = all(gains[a] < gains[b] for a, b in pairwise(present))
         text = f"- {prof}: {' < '.join(ABLATION_LABELS[p] for p in present)} strictly: " \
                f"{'yes' if medians else 'no'} by the medians"
-        if runs:
+        if by:
             ok, n = increasing_repeats(by_rep.get(prof, {}), ORDERED)
             text += f", in {ok} of {n} repeats"
         L += ["", text]
@@ -190,6 +194,6 @@ def target_lines(rows: list[dict], default: str, runs: list[dict] | None = None)
     against the fastest policy under load (empty when nothing applies); with the bench's ``runs``,
     the paired per-repeat spreads (``rapid.bench.paired_runs``)."""
     checks = count_checks(rows, count_targets(default))
-    runs = runs or []
-    L = _count_lines(checks, runs) if checks else []
-    return L + _ablation_lines(rows, runs) + _regime_lines(rows, default)
+    by = repeat_tok_s(runs or [])
+    L = _count_lines(checks, by) if checks else []
+    return L + _ablation_lines(rows, by) + _regime_lines(rows, default)

@@ -10,6 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from rapid.bench.branch_outcomes import branch_outcome_lines
+from rapid.bench.contention import schedule_kind
 from rapid.bench.md_table import md_table
 from rapid.bench.peer_report import ceiling_lines, peer_lines, peer_tok_s_lines
 from rapid.bench.plots import make_plots
@@ -110,7 +111,7 @@ def median_target_check(rat: list[dict]) -> list[dict]:
     for kind, pol, base, goal in MEDIAN_TARGETS:
         by_prof: dict[str, list[float]] = defaultdict(list)
         for r in rat:
-            if r["policy"] == pol and r["schedule"].split(":")[0] == kind and f"vs_{base}" in r:
+            if r["policy"] == pol and schedule_kind(r["schedule"]) == kind and f"vs_{base}" in r:
                 by_prof[r["profile"]].append(r[f"vs_{base}"])
         for prof, vals in sorted(by_prof.items()):
             v = statistics.median(vals)
@@ -125,7 +126,7 @@ def target_check(rat: list[dict]) -> list[dict]:
     out = []
     for kind, pol, base, goal in TARGETS:
         for r in rat:
-            if r["policy"] != pol or r["schedule"].split(":")[0] != kind or f"vs_{base}" not in r:
+            if r["policy"] != pol or schedule_kind(r["schedule"]) != kind or f"vs_{base}" not in r:
                 continue
             v = r[f"vs_{base}"]
             out.append({"profile": r["profile"], "schedule": r["schedule"], "set": r["set"],

@@ -31,11 +31,11 @@ def test_paired_ratios_divide_within_a_repeat_only():
     runs = [_run("fixed", "c4", 0, 10, 5.0), _run("ipdg", "c4", 0, 10, 4.0),  # 2.0 vs 2.5
             _run("fixed", "c4", 1, 10, 2.0), _run("ipdg", "c4", 1, 10, 2.5),  # 5.0 vs 4.0
             _run("ipdg", "c4", 2, 10, 1.0)]  # no fixed in repeat 2: not paired
-    got = paired_ratios(runs, "ipdg", "fixed", "sustained")
+    got = paired_ratios(repeat_tok_s(runs), "ipdg", "fixed", "sustained")
     assert got == {("wan", "c4"): {0: pytest.approx(1.25), 1: pytest.approx(0.8)}}
     assert undecided(got[("wan", "c4")], 1.0) and not undecided(got[("wan", "c4")], 0.5)
     assert spread_text(got[("wan", "c4")]) == "0.80–1.25" and spread_text({}) == "-"
-    assert paired_ratios(runs, "ipdg", "fixed", "none") == {}
+    assert paired_ratios(repeat_tok_s(runs), "ipdg", "fixed", "none") == {}
 
 
 def _ablation_runs() -> list[dict]:
@@ -52,7 +52,7 @@ def _ablation_runs() -> list[dict]:
 
 def test_the_ablation_per_repeat_and_in_how_many_repeats_it_increases():
     order = ("fixed", "ipdg", "caac", "rapid")
-    gains = ablation_by_repeat(_ablation_runs(), order)["wan"]
+    gains = ablation_by_repeat(repeat_tok_s(_ablation_runs()), order)["wan"]
     assert gains["ipdg"] == {0: pytest.approx((1.1 + 1.075) / 2), 1: pytest.approx((0.9 + 1.025) / 2)}
     assert gains["fixed"] == {0: 1.0, 1: 1.0}
     assert increasing_repeats(gains, order) == (1, 2)  # repeat 1: ipdg 0.96 < fixed
