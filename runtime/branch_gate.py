@@ -25,6 +25,13 @@ early misses would close the gate for good, with nothing left to reopen it. Once
 is overdue) the overlap term is 0, so only a certain branch (p = 1) starts another step. Until a
 cloud time and a step time are known every step starts (the paper's IPDG).
 
+The gate is carried from one request to the next with the depth controller (``CAAC.gate``), as the
+controller's latency baseline is: ``s`` is this device's, ``T`` this link's and ``p`` this pair's.
+A gate made afresh for every request started every step of its first rounds on "unknown", then
+bet on the prior: on the slow edge under load that was 2 branch steps a request on average, each ~70 ms
+past the verdict, none kept (``bench-out/zen4-slow-onewave``, ipdg: 31 started in 120 rounds, 15 of them
+in a request's first round, 0 kept).
+
 The second wave costs the first step rows: D_i's unfed leaves (and any lookup chain below them,
 fed whole) ride in it so that their next tokens become known. Where a second step cannot end
 before the verdict, those rows buy nothing and lengthen the one step that can count:

@@ -105,6 +105,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
+from rapid.runtime.branch_gate import BranchGate
 from rapid.runtime.depth_control import CAACDecision, carried_by_chain
 from rapid.runtime.step_cost import Slowdown
 
@@ -215,6 +216,10 @@ class CAAC:
         self._ignored_rounds = 0
         self._verdicts = 0  # valid verdicts of this request
         self._unsampled_rounds = 0  # valid verdicts that took no acceptance sample (docstring)
+        # the proactive branch's gate (runtime.branch_gate) rides with the controller: its step and
+        # cloud times are this device's and this link's, its P(kept) this pair's, so a session's
+        # next request starts from them, not from "unknown: start every step" and the prior
+        self.gate = BranchGate()
 
     def _duration_ok(self, seconds: object) -> bool:
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):

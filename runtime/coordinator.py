@@ -40,7 +40,7 @@ from rapid.core.acceptance import finish
 from rapid.core.sampling import SamplingParams
 from rapid.core.wire import Hello
 from rapid.engines.base import DraftEngine
-from rapid.runtime.branch_gate import WAVES, BranchGate
+from rapid.runtime.branch_gate import WAVES
 from rapid.runtime.budget import settle_cloud, settle_draft
 from rapid.runtime.caac import CAAC, CAACConfig, FixedDepth
 from rapid.runtime.cost_caac import CostAwareCAAC
@@ -95,7 +95,9 @@ class Coordinator:
         # the cost-aware controller keeps (one set of estimates per session), else its own
         self.cut = TreeCut(self.controller.costs if isinstance(self.controller, CostAwareCAAC) else None)
         self.executor = executor  # the worker threads (None: the loop's default pool, shared by everyone)
-        self.gate = BranchGate()  # when an interruptible branch starts a step (runtime.branch_gate)
+        # when an interruptible branch starts a step (runtime.branch_gate): the controller's, so its
+        # estimates are carried across generations with the controller's latency baseline
+        self.gate = self.controller.gate
         self._waves = WAVES  # root waves of the current branch: 1 where a second step would end late
         self._halt = threading.Event()  # set when a generation ends: workers stop at the next step
         self._workers: set[asyncio.Future] = set()

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from rapid.runtime.branch_gate import BranchGate
+
 
 @dataclass(slots=True, frozen=True)
 class CAACDecision:
@@ -53,7 +55,10 @@ def carried_by_chain(accepted: int, depth: int) -> bool:
 
 
 class DepthController(Protocol):
-    """What the coordinator needs from a depth policy (CAAC or FixedDepth)."""
+    """What the coordinator needs from a depth policy (CAAC or FixedDepth), and the branch gate
+    that is carried with it from one request to the next."""
+
+    gate: BranchGate
 
     def observe_step(self, seconds: float, tokens: int) -> None: ...
 

@@ -12,7 +12,7 @@ from test_ipdg import CountingEngine, FlagLink  # noqa: E402  (beside this file)
 
 from rapid.core.sampling import SamplingParams
 from rapid.runtime.branch_gate import BranchGate
-from rapid.runtime.coordinator import Coordinator, CoordinatorConfig
+from rapid.runtime.coordinator import Coordinator, CoordinatorConfig, controller_for
 from rapid.runtime.drafter import Drafter
 from rapid.runtime.link import CloudLink
 from rapid.runtime.policies import POLICIES
@@ -140,3 +140,34 @@ def test_a_second_wave_only_where_its_step_can_end_before_the_verdict():
     assert gate(0.2, 0.09, None).second_wave(0.0)  # 0.18 <= 0.2
     assert not gate(0.2, 0.09, None).second_wave(0.03)  # 0.21 > 0.2
     assert not gate(0.21, 0.26, None).second_wave(0.0)  # slow edge under load: one step, and late
+
+
+def test_the_gate_rides_with_the_controller_from_one_generation_to_the_next(tiny_pair):
+    """Real verifier on loopback, two generations sharing one controller (as an EdgeSession, the
+    daemon and the bench carry it). The second starts from what the first learnt: the cloud time
+    is known at its first round, and a gate that has learnt that its steps outlast every verdict
+    and are never kept starts no branch step in it. A gate made afresh per generation started
+    every step of its first rounds on "unknown"."""
+    target, drafts = tiny_pair
+    server = BackgroundServer(VerifierServer(target))
+    cfg = CoordinatorConfig(depth=3)
+    ctrl = controller_for(POLICIES["ipdg"], cfg)
+    prompt = list(b"abc def abc")
+
+    def generation():
+        d = Drafter(CountingEngine(drafts["partial"], capacity=512), TreeParams(3, 10, 2, 2), (EOS_ID,))
+        coord = Coordinator(d, CloudLink(server.url), POLICIES["ipdg"], cfg, controller=ctrl)
+        assert coord.gate is ctrl.gate
+        return asyncio.run(coord.generate(prompt, 16, SamplingParams()))
+
+    try:
+        first = generation()
+        assert ctrl.gate.cloud_s > 0.0
+        ctrl.gate.step_s, ctrl.gate.p_kept = 100.0, [0.0, 0.0]  # as learnt: far past the verdict, never kept
+        second = generation()
+    finally:
+        server.close()
+    reference = reference_decode(target, prompt, 16, SamplingParams(), (EOS_ID,))
+    assert first.tokens == second.tokens == reference
+    assert all(r.proactive_steps == 0 for r in second.records)
+    assert controller_for(POLICIES["ipdg"], cfg).gate is not ctrl.gate  # one gate per controller
