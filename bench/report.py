@@ -195,7 +195,9 @@ def write_report(folder: str | Path, plots: bool = True) -> dict[str, Path]:
         if r["schedule"] == "none" and r["policy"] in (lead, "ar"):
             ours.setdefault(r["set"], {})[r["policy"]] = r["tok_s"]
     L += peer_lines(peers, vs_ar, lead) + peer_tok_s_lines(peers, ours, lead) + ceiling_lines(rounds, lead)
-    L += round_time_lines(rounds, lead) + branch_outcome_lines(rounds, lead)
+    # the branch outcomes of the lead policy, else of the first proactive one measured (an ipdg-only run)
+    L += round_time_lines(rounds, lead) + next(
+        (lines for pol in (lead, "rapid", "ipdg") if (lines := branch_outcome_lines(rounds, pol))), [])
     pngs = [p for k, p in files.items() if k not in ("summary", "report")]
     if pngs:
         L += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in pngs]

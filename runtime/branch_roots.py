@@ -17,6 +17,7 @@ first step has fed D_i's leaves).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from rapid.core.geometry import ROOT
@@ -54,6 +55,11 @@ class BranchRoots:
         self.nodes = [n for _, n, _ in rows]
         self.fed_by = [w for _, _, w in rows]
         return new
+
+    def mass(self, wave: int = 0) -> float:
+        """The draft's probability that the verdict lands on a root of wave ``wave`` or an earlier
+        one: sum of exp(score) over them (the outcomes are disjoint; ``runtime.ipdg``)."""
+        return sum(math.exp(r.score) for r, w in zip(self.roots, self.fed_by, strict=True) if w <= wave)
 
     def below(self, tree: TokenTree) -> list[int]:
         """The branch's nodes under its roots (strict descendants of any root)."""

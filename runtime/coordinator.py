@@ -288,6 +288,7 @@ class Coordinator:
             rec.proactive_hit = d.branch_hit(path, verdict.bonus)
             rec.branch_outcome = d.branch_outcome(path, verdict.bonus)
             if d.roots:  # roots chosen: judged even when the gate stopped it before they were fed
+                rec.first_wave_p = d.roots.mass(0)
                 self.gate.observe_kept(d.branch_landing(path, verdict.bonus), self._waves if rec.proactive_steps else 1)
             if not rec.proactive_hit:
                 rec.discarded_steps = rec.proactive_steps

@@ -28,6 +28,7 @@ class RoundRecord:
     interrupted_at: int | None = None  # proactive step after which feedback stopped the branch
     proactive_hit: bool | None = None  # None: no branch this round
     branch_outcome: str | None = None  # where the verdict landed for the branch (runtime.ipdg.branch_outcome)
+    first_wave_p: float | None = None  # the draft's P(verdict lands on a first-wave root) (BranchRoots.mass)
     reused_depth: int = 0  # levels of the next tree that the kept branch supplied
     discarded_steps: int = 0  # proactive steps thrown away on a miss
     draft_s: float = 0.0

@@ -133,6 +133,7 @@ def test_a_closed_gate_still_judges_the_first_wave_so_it_can_reopen(tiny_pair):
     assert len(judged) >= 2 and all(r.proactive_steps == 0 for r in gen.records)
     assert coord.gate.p_kept[0] != 0.5 and coord.gate.p_kept[1] == 0.5
     assert all(r.branch_outcome != "hit" for r in judged)
+    assert all(0.0 < r.first_wave_p <= 1.0 for r in judged)  # the draft's P of its first-wave roots, traced
 
 
 def test_a_second_wave_only_where_its_step_can_end_before_the_verdict():

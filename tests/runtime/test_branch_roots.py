@@ -29,6 +29,7 @@ def test_roots_hang_below_their_nodes_best_first_across_waves() -> None:
     assert [r.token for r in roots.roots] == [12, 13, 30]  # by score, whatever the wave
     assert roots.nodes == [first[1], late[0], first[0]] and roots.fed_by == [0, 1, 0]
     assert roots.best == roots.roots[0] and len(roots) == 3
+    assert math.isclose(roots.mass(0), 0.25) and math.isclose(roots.mass(1), 0.35)  # disjoint outcomes add up
 
 
 def test_below_levels_and_renumber_follow_the_fed_subtree() -> None:
