@@ -55,6 +55,7 @@ from rapid.bench.contention import Schedule
 from rapid.bench.netem import NetProfile
 from rapid.bench.oracle_plan import plan_depth
 from rapid.bench.sim_branch import draw_count, run_branch
+from rapid.runtime.branch_gate import BranchGate
 from rapid.runtime.coordinator import CoordinatorConfig, controller_for
 from rapid.runtime.depth_control import observed_depth, round_depth
 from rapid.runtime.policies import POLICIES, Policy
@@ -96,7 +97,6 @@ class _Edge:
         self.policy = POLICIES["rapid"] if isinstance(policy, str) else policy
         # the controller exactly as the runtime's coordinator builds it
         self.ctrl = controller_for(self.policy, config)
-        self.gate = self.ctrl.gate  # as the coordinator's: the controller's, carried with it
         self.cal, self.sched, self.prof = cal, sched, prof
         if cal.warm_controller:  # as rapid bench / the daemon: a baseline learned uncontended
             wr = random.Random(seed * 7 + idx)
@@ -124,7 +124,13 @@ class _Edge:
         self.decision = None
         self.oracle_branch = 0  # the oracle's planned proactive steps for the round in flight
 
+    @property
+    def gate(self) -> BranchGate:
+        """The branch gate, as the coordinator's: the controller's, carried with it."""
+        return self.ctrl.gate
+
     # -- model pieces
+
     def bit(self, p: int) -> int:
         bits = self.cal.match_bits
         return bits[(self.offset + p) % len(bits)]
@@ -240,7 +246,7 @@ def _carry_from_a_previous_generation(es: list, previous: _Cloud) -> None:
     interval kept)."""
     previous.run_all()
     for e, w in zip(es, previous.es, strict=True):
-        e.ctrl, e.gate = w.ctrl, w.ctrl.gate
+        e.ctrl = w.ctrl
         e.ctrl.new_request()
 
 
