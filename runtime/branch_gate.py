@@ -28,9 +28,9 @@ cloud time and a step time are known every step starts (the paper's IPDG).
 The gate is carried from one request to the next with the depth controller (``CAAC.gate``), as the
 controller's latency baseline is: ``s`` is this device's, ``T`` this link's and ``p`` this pair's.
 A gate made afresh for every request started every step of its first rounds on "unknown", then
-bet on the prior: on the slow edge under load that was 2 branch steps a request on average, each ~70 ms
-past the verdict, none kept (``bench-out/zen4-slow-onewave``, ipdg: 31 started in 120 rounds, 15 of them
-in a request's first round, 0 kept).
+bet on the prior: on the slow edge under load that was 2 branch steps a request on average, each
+~70 ms past the verdict, none kept (``bench-out/zen4-slow-onewave``, ipdg: 31 started in 120
+rounds, 15 of them in a request's first round, 0 kept).
 
 The second wave costs the first step rows: D_i's unfed leaves (and any lookup chain below them,
 fed whole) ride in it so that their next tokens become known. Where a second step cannot end
@@ -40,9 +40,9 @@ before the verdict, those rows buy nothing and lengthen the one step that can co
 
 so on a slow edge (a step ~0.6-1.2x the wait) the first step feeds the first wave's roots alone.
 
-Only when a step starts, and what the first step feeds, change: no step starts after the feedback flag, a started step always
-completes, and the verdict is reconciled as before, so the tokens are the target's whatever the
-gate decides.
+Only when a step starts, and what the first step feeds, change: no step starts after the feedback
+flag, a started step always completes, and the verdict is reconciled as before, so the tokens are
+the target's whatever the gate decides.
 """
 
 from __future__ import annotations
