@@ -35,7 +35,7 @@ import os
 import signal
 
 from rapid.core.auth import client_ssl_context, load_token
-from rapid.core.errors import RapidError
+from rapid.core.errors import OptionError, RapidError
 from rapid.runtime.edge_config import BACKENDS, DEFAULT, EdgeConfig, HelpFormatter, add_edge_args
 from rapid.runtime.engine_pool import EdgeService
 from rapid.runtime.generate import open_edge_models
@@ -116,7 +116,10 @@ def _listen_address(args: argparse.Namespace) -> tuple[str, int]:
         if not h or not p.isdigit():
             raise RapidError(f"--listen wants HOST:PORT, got {args.listen!r}")
         host, port = h, int(p)
-    return args.host or host, args.port or port
+    host, port = args.host or host, args.port or port
+    if not 1 <= port <= 65535:
+        raise OptionError(f"{'--port' if args.port else '--listen'} must name a port in [1, 65535], got {port}")
+    return host, port
 
 
 def main(argv: list[str] | None = None) -> int:

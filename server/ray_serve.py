@@ -59,7 +59,7 @@ def spec_from_options(options: dict) -> tuple[VerifierSpec, ScaleOut, dict]:
     o = {**ALL_KEYS, **{k: v for k, v in options.items() if v is not None}}
     remote = o["ray_address"] or os.environ.get("RAY_ADDRESS")  # replicas may then be on other nodes
     try:
-        spec = ServeConfig.of({k: o[k] for k in VERIFIER_KEYS}).verifier()
+        spec = ServeConfig.of({k: o[k] for k in (*VERIFIER_KEYS, "port")}).verifier()  # port: checked there too
         scale = ScaleOut(replicas=o["replicas"] or o["min_replicas"] or 1, min_replicas=o["min_replicas"],
                          max_replicas=o["max_replicas"], num_gpus=o["num_gpus_per_replica"],
                          num_cpus=o["num_cpus_per_replica"], ingress_replicas=o["ingress_replicas"],

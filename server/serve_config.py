@@ -1,6 +1,7 @@
 """Every option of ``rapid serve``, written once (torch-free: the CLI imports it for ``--help``).
 
     ServeConfig          the flags: ``rapid serve --max-sessions 16 …`` ⇄ ``ServeConfig(max_sessions=16, …)``
+      (validated when made: OptionError names the flag and its rule, before anything loads)
       .limits()  → Limits           what the session table admits (validated: ValueError names the rule)
       .verifier() → VerifierSpec    what a verifier loads and serves (a process or a Ray replica)
     add_serve_args(p)    argparse flags made from ServeConfig's fields: name, type, default, help
@@ -13,9 +14,11 @@ The single-process server (``rapid.server.main.run_serve``), the Ray replicas
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from rapid.core.errors import OptionError
 from rapid.core.precision import DTYPES
 
 CONNECTIONS_PER_SESSION = 4  # default connection cap per session slot (resumes overlap dying connections)
@@ -54,6 +57,20 @@ class ServeConfig:
                                "ErrorFrame(timeout))")
     grace: float = _opt(30.0, "keep a dropped session's KV this long for a resume")
 
+    def __post_init__(self) -> None:
+        """Every flag's range, checked once here: the rules of the session limits are Limits' own
+        (one source), re-raised under the flag's name."""
+        rules = (("port", 0 <= self.port <= 65535, "in [0, 65535] (0 = any free port)"),
+                 ("threads", self.threads >= 1, ">= 1"), ("max_batch", self.max_batch >= 1, ">= 1"),
+                 ("batch_window_ms", math.isfinite(self.batch_window_ms) and self.batch_window_ms >= 0, ">= 0"))
+        for name, ok, rule in rules:
+            if not ok:
+                raise OptionError(f"{_flag(name)} must be {rule}, got {getattr(self, name)}")
+        try:
+            self.limits()
+        except LimitError as e:
+            raise OptionError(f"{_flag(_LIMIT_FLAGS.get(e.name, e.name))} must be {e.rule}, got {e.value}") from None
+
     @classmethod
     def of(cls, namespace: argparse.Namespace | dict) -> ServeConfig:
         values = namespace if isinstance(namespace, dict) else vars(namespace)
@@ -68,20 +85,33 @@ class ServeConfig:
                             self.batch_window_ms, self.max_batch)
 
 
-DEFAULT = ServeConfig()
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+class LimitError(ValueError):
+    """A session limit outside its range (``name`` the Limits field, ``rule`` its range)."""
+
+    def __init__(self, name: str, rule: str, value: Any) -> None:
+        super().__init__(f"limit {name} must be {rule}, got {value}")
+        self.name, self.rule, self.value = name, rule, value
+
+
+_LIMIT_FLAGS = {"grace_s": "grace", "idle_timeout_s": "idle_timeout", "hello_timeout_s": "hello_timeout"}
+_SERVE = {f.name: f.default for f in fields(ServeConfig)}  # the flags' defaults, before DEFAULT can be made
 
 
 @dataclass(slots=True, frozen=True)
 class Limits:
     """What the session table admits; defaults are ``rapid serve``'s."""
 
-    max_sessions: int = DEFAULT.max_sessions
-    max_context: int = DEFAULT.max_context  # KV entries per session (prompt + generated + tree)
-    max_nodes: int = DEFAULT.max_nodes  # tree nodes per verification
-    grace_s: float = DEFAULT.grace  # a detached session is kept this long for a resume
-    idle_timeout_s: float = DEFAULT.idle_timeout  # an attached session silent this long is freed
-    hello_timeout_s: float = DEFAULT.hello_timeout  # a connection without a session within this long is closed
-    max_connections: int = DEFAULT.max_connections  # open websocket connections (0 = CONNECTIONS_PER_SESSION × max_sessions)
+    max_sessions: int = _SERVE["max_sessions"]
+    max_context: int = _SERVE["max_context"]  # KV entries per session (prompt + generated + tree)
+    max_nodes: int = _SERVE["max_nodes"]  # tree nodes per verification
+    grace_s: float = _SERVE["grace"]  # a detached session is kept this long for a resume
+    idle_timeout_s: float = _SERVE["idle_timeout"]  # an attached session silent this long is freed
+    hello_timeout_s: float = _SERVE["hello_timeout"]  # a connection without a session within this long is closed
+    max_connections: int = _SERVE["max_connections"]  # open websocket connections (0 = CONNECTIONS_PER_SESSION × max_sessions)
 
     def __post_init__(self) -> None:
         if self.max_connections == 0:
@@ -92,7 +122,10 @@ class Limits:
                  ("max_connections", self.max_connections >= 1, ">= 1 (0 = the default)"))
         for name, ok, rule in rules:
             if not ok:
-                raise ValueError(f"limit {name} must be {rule}, got {getattr(self, name)}")
+                raise LimitError(name, rule, getattr(self, name))
+
+
+DEFAULT = ServeConfig()
 
 
 @dataclass(slots=True, frozen=True)

@@ -55,6 +55,12 @@ def test_edge_commands_share_the_int4_draft_and_honest_flag_help(cmd):
     (("edge", "--cloud", "ws://nohost"), "expected ws://HOST:PORT"),
     (("edge", "--engine", "bogus"), "choose from auto, torch, onnx, trt"),
     (("serve", "--device", "gpu", "--target", "/nonexistent"), "expected auto, cpu, cuda"),
+    (("serve", "--threads", "0"), "--threads must be >= 1, got 0"),
+    (("serve", "--port", "70000"), "--port must be in [0, 65535]"),
+    (("serve", "--grace", "-1"), "--grace must be >= 0, got -1.0"),  # a session limit, named by its flag
+    (("serve", "--batch-window-ms", "nan"), "--batch-window-ms must be >= 0"),
+    (("serve", "--replicas", "2", "--max-batch", "0"), "--max-batch must be >= 1"),  # the Ray path, before Ray
+    (("edge", "--port", "70000"), "--port must name a port in [1, 65535]"),
 ])
 def test_bad_input_is_one_line_before_any_model_loads(args, says):
     t0 = time.time()
