@@ -7,12 +7,15 @@ import sys
 import time
 from pathlib import Path
 
+from rapid.bench.contention import parse_schedule
+from rapid.bench.netem import get_profile
 from rapid.bench.presets import NET_PROFILES, PRESETS
 from rapid.bench.prompts import default_prompt_dir
 from rapid.bench.report import write_report
 from rapid.bench.runner import BENCH_TREE, BenchConfig, run_bench
 from rapid.bench.sim_report import run_sim_cli
 from rapid.bench.variants import variant_configs
+from rapid.core.errors import OptionError
 from rapid.runtime.edge_config import DEFAULT as EDGE_DEFAULT
 from rapid.runtime.edge_config import add_edge_args
 from rapid.runtime.policies import POLICIES
@@ -113,12 +116,25 @@ def bench_config(a: argparse.Namespace, out: Path) -> BenchConfig:
         peers=bool(opt("peers", a.peers)) and not a.smoke)
     # a bad policy, variant or option value: one line now, not after the models load
     variant_configs(cfg.policies or [], {n: getattr(cfg, n) for n in BENCH_TREE})
+    _check_run_options(cfg)
     if a.sets is None and a.prompts is None:
         if default_prompt_dir() is None:  # no shared prompt sets here: the built-in prompts
             cfg.sets = None
         elif a.smoke:
             cfg.sets = ["c4"]
     return cfg
+
+
+def _check_run_options(cfg: BenchConfig) -> None:
+    """The run's own options (OptionError, one line): counts >= 1, every schedule and profile known."""
+    for flag, value in (("--repeats", cfg.repeats), ("--max-tokens", cfg.max_new), ("--n-prompts", cfg.n_prompts),
+                        ("--token-budget", cfg.token_budget)):
+        if value is not None and value < 1:
+            raise OptionError(f"{flag} must be >= 1, got {value}")
+    for spec in cfg.schedules or []:
+        parse_schedule(spec)
+    for name in cfg.profiles or []:
+        get_profile(name)
 
 
 def main_bench(argv: list[str]) -> int:
@@ -161,7 +177,34 @@ def sim_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main_sim(argv: list[str]) -> int:
+def _counts(flag: str, text: str) -> list[int]:
+    """A comma list of counts >= 1 (``--edges 1,4,16``), or OptionError naming ``flag``."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise OptionError(f"{flag} wants a comma list of whole numbers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise OptionError(f"{flag} wants counts >= 1, got {text!r}")
+    return values
 
+
+def _check_sim_options(a: argparse.Namespace) -> None:
+    """``rapid sim``'s options, one line each before any trace is read."""
+    _counts("--edges", a.edges)
+    _counts("--replicas", a.replicas)
+    for flag, value in (("--tokens", a.tokens), ("--seeds", a.seeds), ("--max-batch", a.max_batch)):
+        if value < 1:
+            raise OptionError(f"{flag} must be >= 1, got {value}")
+    if a.ingress_ms < 0:
+        raise OptionError(f"--ingress-ms must be >= 0, got {a.ingress_ms}")
+    for name in _csv(a.policies) or []:
+        if name not in POLICIES:
+            raise OptionError(f"--policies: unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+    for spec in _csv(a.contention) or []:
+        parse_schedule(spec)
+
+
+def main_sim(argv: list[str]) -> int:
     a = sim_parser().parse_args(argv)
+    _check_sim_options(a)
     return run_sim_cli(a)

@@ -19,7 +19,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from rapid.core.errors import RapidError
+from rapid.core.errors import OptionError, RapidError
 
 
 @dataclass(slots=True, frozen=True)
@@ -98,8 +98,8 @@ def parse_schedule(spec: str) -> Schedule:
         if kind == "burst" and len(parts) in (3, 4):
             return Schedule("burst", float(parts[3]) if len(parts) == 4 else 1.0, float(parts[1]), float(parts[2]))
     except ValueError as e:
-        raise ValueError(f"bad contention schedule {spec!r}: {e}") from None
-    raise ValueError(f"bad contention schedule {spec!r}; use none, sustained[:I] or burst:ON:OFF[:I]")
+        raise OptionError(f"bad contention schedule {spec!r}: {e}") from None
+    raise OptionError(f"bad contention schedule {spec!r}; use none, sustained[:I] or burst:ON:OFF[:I]")
 
 
 def pin(cpus: set[int] | None, pid: int = 0) -> bool:

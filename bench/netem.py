@@ -15,6 +15,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from rapid.core.errors import OptionError
+
 
 @dataclass(slots=True, frozen=True)
 class NetProfile:
@@ -39,7 +41,7 @@ def get_profile(name: str) -> NetProfile:
     try:
         return PROFILES[name]
     except KeyError:
-        raise ValueError(f"unknown network profile {name!r}; choose from {', '.join(PROFILES)}") from None
+        raise OptionError(f"unknown network profile {name!r}; choose from {', '.join(PROFILES)}") from None
 
 
 @dataclass(slots=True, frozen=True)

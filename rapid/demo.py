@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from rapid import models
+from rapid.core.errors import OptionError
 from rapid.core.procs import free_port, split_cores, start_server, stop_server
 from rapid.export.fast_draft import resolve_draft
 from rapid.runtime.edge_config import EdgeConfig
@@ -43,6 +44,8 @@ def _models(args) -> tuple[str, str]:
 def run_demo(args) -> int:
     t_all = time.perf_counter()
     config = EdgeConfig.of(args)  # a bad option fails before anything loads
+    if not 1 <= args.num_prompts <= len(PROMPTS):  # none run would read "identical on every prompt"
+        raise OptionError(f"--num-prompts must be in [1, {len(PROMPTS)}], got {args.num_prompts}")
     target, draft = _models(args)
     port = free_port()
     log_path = Path(tempfile.gettempdir()) / f"rapid-demo-serve-{port}.log"

@@ -129,11 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     source, backend = _source_and_backend(args)
     host, port = _listen_address(args)
+    if args.parallel < 1:
+        raise OptionError(f"--parallel must be >= 1, got {args.parallel}")
     token = load_token(args.token_file)
     if token is None:
         log.warning("no --token-file / RAPID_TOKEN: connecting to the cloud without a token")
     ssl = client_ssl_context(args.cloud, args.cafile)
-    edges = open_edge_models(source, backend, args.capacity, args.threads, max(1, args.parallel))
+    edges = open_edge_models(source, backend, args.capacity, args.threads, args.parallel)
     service = EdgeService(edges, args.cloud, policy=args.policy, tree=EdgeConfig.of(args).tree(),
                           token=token, ssl=ssl, model_name=args.model_name or os.path.basename(source.rstrip("/")),
                           link_options={"retry_timeout": args.retry_timeout,

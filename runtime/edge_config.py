@@ -152,6 +152,7 @@ class EdgeConfig:
                  ("temperature", math.isfinite(self.temperature) and self.temperature >= 0, ">= 0"),
                  ("top_p", 0 < self.top_p <= 1, "in (0, 1]"), ("min_p", 0 <= self.min_p < 1, "in [0, 1)"),
                  ("lookup", self.lookup >= 0, ">= 0"), ("branch_decay", 0 < self.branch_decay <= 1, "in (0, 1]"),
+                 ("seed", 0 <= self.seed < 2**63, "in [0, 2**63)"),
                  *((name, getattr(self, name) >= 1, ">= 1") for name in ("depth", "topk", "width", "branch_roots")))
         for name, ok, rule in rules:
             if not ok:

@@ -61,6 +61,15 @@ def test_edge_commands_share_the_int4_draft_and_honest_flag_help(cmd):
     (("serve", "--batch-window-ms", "nan"), "--batch-window-ms must be >= 0"),
     (("serve", "--replicas", "2", "--max-batch", "0"), "--max-batch must be >= 1"),  # the Ray path, before Ray
     (("edge", "--port", "70000"), "--port must name a port in [1, 65535]"),
+    (("edge", "--parallel", "0"), "--parallel must be >= 1, got 0"),
+    (("generate", "x", "--seed", "-1", "--temperature", "1"), "--seed must be in [0, 2**63), got -1"),
+    (("demo", "--num-prompts", "0"), "--num-prompts must be in [1, "),  # none run is no "identical on every prompt"
+    (("bench", "--repeats", "0"), "--repeats must be >= 1, got 0"),
+    (("bench", "--max-tokens", "0"), "--max-tokens must be >= 1, got 0"),
+    (("bench", "--contention", "sustained,weird"), "bad contention schedule 'weird'"),
+    (("bench", "--profiles", "moon"), "unknown network profile 'moon'"),
+    (("sim", "--traces", "/nonexistent", "--edges", "1,0"), "--edges wants counts >= 1"),
+    (("sim", "--traces", "/nonexistent", "--policies", "rapd"), "unknown policy 'rapd'"),
 ])
 def test_bad_input_is_one_line_before_any_model_loads(args, says):
     t0 = time.time()
