@@ -11,10 +11,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rapid.bench.edgellm_fit import fit_chain_branch, fit_confidence_cut
 from rapid.bench.report import read_jsonl
 from rapid.bench.traces import group_runs, run_key, with_previous
 from rapid.runtime.cost_model import interpolate_sorted
-from rapid.runtime.policies import POLICIES
 from rapid.runtime.tree import AUTO_BUDGET_CAP
 
 
@@ -37,6 +37,7 @@ class Calibration:
     overhead_s: float = 0.002  # transport/framing per round, beyond verify and the profile RTT
     startup_s: float = 0.0  # per generation: connect + cloud prefill (wall - sum of rounds)
     prefill_s: float = 0.0  # draft prefill inside the first round (uncontended; contention scales it)
+    draft_ahead: bool = False  # round 0's tree was drafted while the cloud prefilled (traces with ahead_s)
     warm_controller: bool = False  # the traced runs carried a warmed-up controller across generations
     cut_continue: tuple[float, float] | None = None  # EdgeLLM confidence cut: P(continue | miss, match)
     tokens_per_step: float = 2.0
@@ -209,9 +210,10 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
     cal.nodes_by_policy = _nodes_by_policy(by_run)
     fit_acceptance(cal, rounds, seed)
     cal.prefill_s = _prefill(rounds, by_run)
+    cal.draft_ahead = any("ahead_s" in r for r in rounds)
     cal.warm_controller = str(meta.get("controller", "")).startswith("carried")
-    cal.cut_continue = _cut_model(rounds)
-    cal.chain_step, cal.branch_steps_by_policy = _chain_branch(rounds)
+    cal.cut_continue = fit_confidence_cut(rounds)
+    cal.chain_step, cal.branch_steps_by_policy = fit_chain_branch(rounds)
     cal.source = ", ".join(sorted({str(r.get("profile")) for r in runs}))
     return cal
 
@@ -356,50 +358,15 @@ def _hit_rates(branched: list[dict], default: float) -> tuple[float, float]:
 
 
 def _prefill(rounds: list[dict], by_run: dict[tuple, list[dict]]) -> float:
-    """Median extra draft time of an uncontended first round over its run's later steps."""
+    """Median extra draft time of an uncontended first round over its run's later steps, with the
+    draft's prompt prefill before it where traced (``prefill_s``)."""
     extra = []
     for rs in by_run.values():
         rs = sorted(rs, key=lambda x: x["round"])
         later = [x["draft_s"] / x["draft_steps"] for x in rs[1:] if x.get("draft_steps", 0) > 0]
         if rs and later and rs[0].get("draft_steps", 0) > 0 and rs[0].get("load", 0.0) == 0.0:
-            extra.append(rs[0]["draft_s"] - rs[0]["draft_steps"] * statistics.median(later))
+            extra.append(rs[0].get("prefill_s", 0.0) + rs[0]["draft_s"] - rs[0]["draft_steps"] * statistics.median(later))
     return max(0.0, statistics.median(extra)) if extra else 0.0
-
-
-def _cut_model(rounds: list[dict]) -> tuple[float, float] | None:
-    """EdgeLLM's confidence cut as P(draft one more step | the last drafted token misses / matches).
-
-    In a round that drafted ``d`` steps and had ``a`` accepted, step ``j`` (1..d) drafted a
-    token that matches iff ``j <= a``; after step ``j < d`` the drafter continued, after step
-    ``d`` below the planned depth it cut. None when no confidence-cut policy was traced.
-    """
-    cont = [[0, 0], [0, 0]]  # [miss, match] x [continued, decisions]
-    for r, kept in _in_order(group_runs([r for r in rounds if r.get("policy") == "edgellm"])):
-        d, a, planned = r.get("draft_steps", 0), r["accepted"], r["depth"]
-        if d > 0 and kept == 0:  # rounds on a kept branch start mid-tree: skipped
-            for j in range(1, d + 1):
-                if j == d and d >= planned:
-                    break  # stopped by the planned depth, not by the cut
-                m = int(j <= a)
-                cont[m][1] += 1
-                cont[m][0] += j < d
-    if cont[0][1] + cont[1][1] < 5:
-        return None
-    return tuple(c / n if n else 1.0 for c, n in cont)  # type: ignore[return-value]
-
-
-def _chain_branch(rounds: list[dict]) -> tuple[float | None, dict[str, float]]:
-    """From the non-interruptible chain branches traced (``Policy.chain_branch``, not
-    ``interruptible``): a chain step's time relative to a tree step (median over rounds whose
-    wait the branch set, wait > 1.1 x the cloud's time, of wait/branch steps over draft time/draft
-    steps: both under the same load), and the mean branch steps a round ran, per policy."""
-    chains = {p.name for p in POLICIES.values() if p.proactive and p.chain_branch and not p.interruptible}
-    mine = [r for r in rounds if r.get("policy") in chains and r.get("proactive_steps")]
-    ratio = [(r["wait_s"] / r["proactive_steps"]) / (r["draft_s"] / r["draft_steps"]) for r in mine
-             if r.get("draft_steps", 0) > 0 and r.get("draft_s", 0) > 0 and r.get("wait_s", 0) > 1.1 * r.get("cloud_s", 0)]
-    steps = {p: statistics.fmean(r["proactive_steps"] for r in mine if r["policy"] == p)
-             for p in sorted({r["policy"] for r in mine})}
-    return (statistics.median(ratio) if len(ratio) >= 10 else None), steps
 
 
 def _traced_budget(cfg: dict) -> int:

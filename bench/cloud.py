@@ -3,8 +3,8 @@
     python -m rapid.bench.cloud --target T --port P [--cpus 1] [--rtt-ms 30 --jitter-ms 5]
 
 It is ``rapid.server.main.run_serve`` with ``VerifierServer(answer_delay=...)`` set when the
-network profile is emulated in the transport (no netem): each verdict is held for a sampled RTT
-(the verifier's work and the edge are unaffected; only the verdict's arrival moves).
+network profile is emulated in the transport (no netem): each verdict and Ready are held for a sampled RTT
+(the verifier's work and the edge are unaffected; only their arrival moves).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Real: the cloud runs in its own network namespace joined to the host by a veth p
 get a ``tc netem`` qdisc carrying half the round-trip delay (and the jitter, and a rate limit),
 so the websocket crosses a real emulated link. When namespaces or the netem qdisc are not
 permitted (containers without ``sch_netem``), the bench falls back to a delay inside the
-transport: the cloud holds each verdict for a sampled RTT (``VerifierServer.answer_delay``).
+transport: the cloud holds each verdict and Ready for a sampled RTT (``VerifierServer.answer_delay``).
 The mode is recorded in every trace row and in the report.
 """
 

@@ -243,7 +243,7 @@ def _setup_lines(meta: dict, same: int, checked: int) -> list[str]:
     if mode == "netem":
         L.append("- network: **real** — cloud in its own netns behind a veth pair with `tc netem` on both ends")
     else:
-        L.append("- network: **EMULATED in the transport** — the cloud holds each verdict for a sampled RTT "
+        L.append("- network: **EMULATED in the transport** — the cloud holds each verdict and Ready for a sampled RTT "
                  "(`VerifierServer.answer_delay`); no netem (reason: "
                  f"{meta.get('net_fallback_reason') or 'n/a'}); rate limits are not emulated")
     L.append(f"- profiles: {meta.get('profiles')}")

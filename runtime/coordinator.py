@@ -15,6 +15,10 @@ Round i:
         and bonus = b*), otherwise restore the boundary; commit path + bonus; the controller
         observes round i (against the B_hat that set L_i) and settles L_{i+1}
 
+Round 0's tree needs nothing from the cloud (its root is the prompt's last token), so the draft's
+prefill and that tree run on a worker while the cloud prefills the prompt (Hello → Ready); only
+what outlasts Ready is on the round's path (``RoundRecord.ahead_s``: the part that was not).
+
 The cloud's acceptance rule is untouched, so the emitted tokens equal target-only decoding
 whatever the policy, the timing or the interruptions. With ``logprobs`` k >= 0 the cloud also
 scores every emitted token (``Generation.scores``, ``rapid.runtime.token_scores``): the same
@@ -36,7 +40,6 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rapid.core.acceptance import finish
 from rapid.core.sampling import SamplingParams
 from rapid.core.wire import Hello
 from rapid.engines.base import DraftEngine
@@ -47,11 +50,11 @@ from rapid.runtime.cost_caac import CostAwareCAAC
 from rapid.runtime.cost_model import CostConfig
 from rapid.runtime.depth_control import CAACDecision, DepthController, observed_depth, round_depth
 from rapid.runtime.drafter import Drafter
+from rapid.runtime.emitted import Emitted
 from rapid.runtime.link import CloudLink
 from rapid.runtime.policies import Policy, get_policy
 from rapid.runtime.telemetry import RoundRecord, Summary, summarize
-from rapid.runtime.token_scores import TokenScore, verdict_scores
-from rapid.runtime.transcript import Transcript
+from rapid.runtime.token_scores import TokenScore
 from rapid.runtime.tree import TreeParams
 from rapid.runtime.tree_cut import TreeCut
 
@@ -201,17 +204,22 @@ class Coordinator:
         t_begin = self.clock()
         try:
             d.start(prompt, sampling)  # under sampling the drafter couples to the target's noise
-            warm = self._spawn(d.prefill) if self.policy.drafting else None  # while the cloud prefills
+            self.controller.new_request()
+            decision = self.controller.next_depth(self.policy.proactive)
+            ahead = _Ahead(decision, round_depth(decision.depth, max_new, d.levels))
+            # the draft's prefill and round 0's tree while the cloud prefills (neither needs Ready)
+            work = self._spawn(self._draft_ahead, ahead) if self.policy.drafting else None
             ready = await self.link.open(Hello(list(prompt), sampling.temperature, sampling.top_p, sampling.top_k,
                                                sampling.seed, max_nodes=d.params.budget, logprobs=logprobs),
                                          d.transcript)
+            t_ready = self.clock()
+            if work is not None:  # before settle_cloud changes the params the worker reads
+                await asyncio.shield(work)
             d.params, max_new = settle_cloud(d.params, ready, len(prompt), max_new, self.policy.drafting, fit_cloud)
             curve_s = [us / 1e6 for us in ready.curve_us]
             self.controller.observe_cloud(ready.curve_nodes, curve_s, d.params.budget, d.params.width)
             self.cut.observe_cloud(ready.curve_nodes, curve_s)
-            if warm is not None:
-                await asyncio.shield(warm)
-            out, records, stopped, scores = await self._rounds(prompt, max_new, sampling, on_tokens, on_scores)
+            out, records, stopped, scores = await self._rounds(max_new, on_tokens, on_scores, ahead, t_ready)
         finally:
             try:
                 await self._drain()
@@ -220,22 +228,29 @@ class Coordinator:
         wall = self.clock() - t_begin
         return Generation(out, records, summarize(self.policy.name, records, len(out), wall), stopped, scores)
 
-    async def _rounds(self, prompt: Sequence[int], max_new: int, sampling: SamplingParams,
-                      on_tokens: Callable[[list[int]], None] | None,
-                      on_scores: Callable[[list[TokenScore]], None] | None = None):
-        """The rounds, each draft → send (+ branch) → await → apply; returns (tokens, records,
-        stopped, scores)."""
-        self.controller.new_request()
-        out = _Output(self.drafter.transcript, max_new, self.drafter.stop_ids, on_tokens, on_scores)
-        decision = self.controller.next_depth(self.policy.proactive)
+    def _draft_ahead(self, ahead: _Ahead) -> None:
+        """Worker: the draft's prompt prefill, then round 0's tree (``ahead.depth`` levels)."""
+        step = self.drafter.prefill()
+        ahead.prefill_s = step.seconds if step is not None else 0.0
+        t0 = self.clock()
+        ahead.steps = self._expand(ahead.depth)
+        ahead.t_done = self.clock()
+        ahead.draft_s = ahead.t_done - t0
+
+    async def _rounds(self, max_new: int, on_tokens: Callable[[list[int]], None] | None,
+                      on_scores: Callable[[list[TokenScore]], None] | None, ahead: _Ahead, t_ready: float):
+        """The rounds, each draft → send (+ branch) → await → apply, round 0's tree drafted ahead
+        (``ahead``; the cloud's Ready came at ``t_ready``); returns (tokens, records, stopped, scores)."""
+        out = Emitted(self.drafter.transcript, max_new, self.drafter.stop_ids, on_tokens, on_scores)
+        decision = ahead.decision
         round_id = 0
         while True:
             left = max_new - len(out.tokens)
             depth = round_depth(decision.depth, left, self.drafter.levels)
             rec = RoundRecord(round_id, self.policy.name, depth if self.policy.drafting else 0, 0,
-                              t_start=self.clock())
+                              t_start=t_ready if round_id == 0 else self.clock())
             _fill_decision(rec, decision)
-            tokens, parents, sent = await self._draft_round(depth, left, rec)
+            tokens, parents, sent = await self._draft_round(depth, left, rec, ahead if round_id == 0 else None)
             verdict = await self._send_and_await(round_id, tokens, parents, depth, decision, rec)
             emitted, decision = self._apply(verdict, depth, decision, rec, sent, left)
             done = out.take(verdict, emitted, rec)
@@ -245,23 +260,35 @@ class Coordinator:
                 return out.tokens, out.records, out.stopped, out.scores
             round_id += 1
 
-    async def _draft_round(self, depth: int, left: int, rec: RoundRecord) -> tuple[list[int], list[int], SentTree]:
-        """Expand D_i to ``depth`` levels on a worker, drop what cannot be emitted (nodes deeper
-        than ``left - 1``: a lookup chain or a kept branch reaches past the last round's end, and the
-        bonus token supplies the last one), cut it to the nodes that pay for their verify time
-        (``TreeParams.cost_cut``); the wire tree and what the cut learns from (empty for ``ar``)."""
-        if not self.policy.drafting:
-            return [], [], SentTree()
-        t0 = self.clock()
+    def _expand(self, depth: int) -> int:
+        """Worker: expand the active tree to ``depth`` levels (0: the lookup chains alone); steps run."""
         if depth == 0:  # no draft step: the lookup chains alone (rapid.runtime.cost_caac)
             self.drafter.lookup_round()
-        else:
-            rec.draft_steps = await asyncio.shield(self._spawn(self._draft, depth))
-        rec.draft_s = self.clock() - t0
+            return 0
+        return self._draft(depth)
+
+    async def _draft_round(self, depth: int, left: int, rec: RoundRecord,
+                           ahead: _Ahead | None = None) -> tuple[list[int], list[int], SentTree]:
+        """Expand D_i to ``depth`` levels on a worker (round 0: already drafted ``ahead``, while the
+        cloud prefilled; only what it drafted after Ready is on the round's path), drop what cannot be
+        emitted (nodes deeper than ``left - 1``: a lookup chain or a kept branch reaches past the last
+        round's end, and the bonus token supplies the last one), cut it to the nodes that pay for
+        their verify time (``TreeParams.cost_cut``); the wire tree and what the cut learns from
+        (empty for ``ar``)."""
+        if not self.policy.drafting:
+            return [], [], SentTree()
         d = self.drafter
+        if ahead is None:
+            t0 = self.clock()
+            rec.draft_steps = await asyncio.shield(self._spawn(self._expand, depth))
+            rec.draft_s = self.clock() - t0
+        else:
+            rec.draft_steps, rec.draft_s, rec.prefill_s = ahead.steps, ahead.draft_s, ahead.prefill_s
+            rec.ahead_s = min(ahead.draft_s, max(0.0, rec.t_start - (ahead.t_done - ahead.draft_s)))
+            d.cut(d.params.budget)  # drafted under the budget before Ready, which may have lowered it
         d.tree.cap_depth(left - 1)
         if d.params.cost_cut:
-            d.cut(self.cut.nodes(d.tree.score, rec.draft_s, d.lookup_flags()))
+            d.cut(self.cut.nodes(d.tree.score, rec.draft_s - rec.ahead_s, d.lookup_flags()))
         tokens, parents = d.wire_tree()
         flags = d.lookup_flags()
         rec.tree_nodes, rec.tree_depth = len(tokens), d.tree.max_depth
@@ -322,40 +349,22 @@ class Coordinator:
         return plan.emitted, self.controller.next_depth(self.policy.proactive, d.levels)
 
 
+@dataclass(slots=True)
+class _Ahead:
+    """Round 0's tree, drafted on a worker while the cloud prefills the prompt."""
+    decision: CAACDecision  # the controller's first decision of the request
+    depth: int  # the levels drafted (round_depth of the decision before Ready)
+    steps: int = 0  # draft steps run
+    prefill_s: float = 0.0  # the draft's prompt prefill before them
+    draft_s: float = 0.0  # drafting the tree
+    t_done: float = 0.0  # when the tree was ready (the coordinator's clock)
+
+
 @dataclass(slots=True, frozen=True)
 class SentTree:
     """What the send cut learns from a sent tree: per node (index on the wire)."""
     scores: list[float] = field(default_factory=list)  # [nodes] cumulative draft log-probability
     lookup: list[bool] = field(default_factory=list)  # [nodes] on a prompt-lookup chain
-
-
-@dataclass(slots=True)
-class _Output:
-    """What one generation handed out so far: the transcript's generated tokens cut at max_new /
-    a stop token, and the callers' callbacks for each round's share."""
-
-    transcript: Transcript  # the drafter's: already holds the round's emitted tokens at ``take``
-    max_new: int
-    stop_ids: Sequence[int]
-    on_tokens: Callable[[list[int]], None] | None
-    on_scores: Callable[[list[TokenScore]], None] | None
-    tokens: list[int] = field(default_factory=list)  # the transcript's generated tokens, cut
-    scores: list[TokenScore] = field(default_factory=list)
-    records: list[RoundRecord] = field(default_factory=list)
-    stopped: bool = False
-
-    def take(self, verdict, emitted: list[int], rec: RoundRecord) -> bool:
-        """Hand out a committed round's share (``emitted`` scores them); True when done."""
-        before = len(self.tokens)
-        self.tokens, done = finish(self.transcript.generated, self.max_new, self.stop_ids)
-        self.scores = (self.scores + verdict_scores(verdict, emitted))[:len(self.tokens)]
-        self.stopped = done and bool(self.tokens) and self.tokens[-1] in self.stop_ids
-        rec.emitted = len(self.tokens) - before
-        if self.on_scores and rec.emitted and self.scores:
-            self.on_scores(self.scores[before:])
-        if self.on_tokens and rec.emitted:
-            self.on_tokens(self.tokens[before:])
-        return done
 
 
 def assemble(engine: DraftEngine, tree: TreeParams, stop_ids: Sequence[int], link: CloudLink | str,

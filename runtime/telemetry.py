@@ -32,6 +32,8 @@ class RoundRecord:
     reused_depth: int = 0  # levels of the next tree that the kept branch supplied
     discarded_steps: int = 0  # proactive steps thrown away on a miss
     draft_s: float = 0.0
+    ahead_s: float = 0.0  # round 0: of draft_s, the part drafted before the cloud's Ready (off the round's path)
+    prefill_s: float = 0.0  # round 0: the draft's prompt prefill, before its steps, while the cloud prefilled
     wait_s: float = 0.0  # from sending D_i to having its verdict in hand (edge side)
     cloud_s: float = 0.0  # send → verdict arrival
     verify_s: float = 0.0  # target forward, as reported by the cloud

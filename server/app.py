@@ -82,7 +82,7 @@ class VerifierServer:
         self.flat_nodes = flat_nodes  # told to edges in Ready (server.verify_curve.flat_nodes)
         self.curve = (list(curve[0]), list(curve[1]))  # Ready's curve_nodes / curve_us (verify_curve.wire_curve)
         self.verify_mode = verify_mode  # "tree" or "sequential" (rapid.server.target)
-        self.answer_delay = answer_delay  # seconds to hold each verdict (transport-delay emulation)
+        self.answer_delay = answer_delay  # seconds to hold each verdict and Ready (transport-delay emulation)
         self.limits = limits or Limits()
         self.sessions = SessionTable(self.limits)
         self.gate = ConnectionGate(self.limits.max_connections)
@@ -218,7 +218,10 @@ class VerifierServer:
         if isinstance(frame, Bye):
             return None, sid
         if isinstance(frame, Hello):
-            return await self._hello(frame, sid, ws)
+            answer = await self._hello(frame, sid, ws)
+            if self.answer_delay is not None:  # the link's delay holds Ready as it holds a verdict
+                await asyncio.sleep(self.answer_delay())
+            return answer
         if isinstance(frame, Tree):
             entry = self.sessions.entry(sid)
             if entry is None or entry.owner is not ws:

@@ -116,12 +116,12 @@ def _rows(policy, drafted_accepted, planned=4, run="0"):
 
 
 def test_confidence_cut_model_counts_continue_decisions():
-    from rapid.bench.calibration import _cut_model
+    from rapid.bench.edgellm_fit import fit_confidence_cut
 
     # cut right after the first miss every time: P(continue | miss) = 0, P(continue | match) = 1
     rows = _rows("edgellm", [(2, 1), (3, 2), (1, 0), (4, 4), (2, 1), (3, 2)])
-    assert _cut_model(rows) == (0.0, 1.0)
-    assert _cut_model(_rows("npdg", [(2, 1)] * 10)) is None  # no confidence-cut policy traced
+    assert fit_confidence_cut(rows) == (0.0, 1.0)
+    assert fit_confidence_cut(_rows("npdg", [(2, 1)] * 10)) is None  # no confidence-cut policy traced
 
 
 def test_edgellm_in_the_simulator_cuts_at_the_calibrated_rate(cal):
@@ -166,11 +166,20 @@ def test_prefill_and_warm_controller_are_modelled(cal):
 
     s, p = parse_schedule("sustained"), get_profile("lan")
     pol = policies.POLICIES["rapid"]
-    base = sim.simulate(pol, replace(cal, prefill_s=0.0), s, p, tokens=48, seed=0)["edges"][0]
-    slow = sim.simulate(pol, replace(cal, prefill_s=1.0), s, p, tokens=48, seed=0)["edges"][0]
+    def wall(**kw) -> float:
+        return sim.simulate(pol, replace(cal, **kw), s, p, tokens=48, seed=0)["edges"][0].wall_s
+
     factor = cal.slowdown_by_schedule.get("sustained", cal.slowdown)  # measured under that schedule
     assert "sustained" in cal.slowdown_by_schedule and factor == pytest.approx(2.0, rel=0.15)
-    assert slow.wall_s == pytest.approx(base.wall_s + 1.0 * factor, rel=1e-6)  # scaled by contention
+    # drafted after Ready (traces before ahead_s): the prefill is on round 0's path, scaled by contention
+    assert wall(prefill_s=1.0, draft_ahead=False) == pytest.approx(wall(prefill_s=0.0, draft_ahead=False) + 1.0 * factor,
+                                                                   rel=1e-6)
+    # drafted while the cloud prefills (the coordinator now): hidden behind a longer start-up...
+    assert wall(prefill_s=1.0, draft_ahead=True, startup_s=5.0) == pytest.approx(
+        wall(prefill_s=0.0, draft_ahead=True, startup_s=5.0), rel=1e-9)
+    # ...and only its overrun counts past a short one
+    short = wall(prefill_s=1.0, draft_ahead=True, startup_s=0.5)
+    assert wall(prefill_s=0.0, draft_ahead=True, startup_s=0.5) < short < wall(prefill_s=1.0, draft_ahead=False, startup_s=0.5)
     e = sim._Edge(0, pol, replace(cal, warm_controller=True), s, p, 16, 0, 0.0, False, sim.CoordinatorConfig())
     snap = e.ctrl.snapshot()
     assert snap["steps"] >= e.ctrl.config.n_warmup and snap["rounds"] == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 
 from rapid.core.sampling import SamplingParams
 from rapid.engines.torch_engine import TorchEngine
@@ -147,5 +148,29 @@ def test_no_round_sends_a_node_past_the_last_token(tiny_pair):
                 left -= rec.emitted
             if max_new == 9:  # the first round's chain, cut to the 8 levels left (the trace says so)
                 assert gen.records[0].lookup_depth == 8, (policy, gen.records[0])
+    finally:
+        server.close()
+
+
+def test_round_0_is_drafted_while_the_cloud_prefills(tiny_pair):
+    """The draft's prefill and round 0's tree run while the cloud prefills (a Ready held 0.25 s, as
+    a link would hold it): round 0's drafting is all ahead of Ready, off the round's path, so the
+    round is shorter than its drafting plus its wait; the tokens stay the target's. On the old
+    order (draft after Ready) ahead_s is 0 and the round holds the drafting."""
+    target, drafts = tiny_pair
+    server = BackgroundServer(VerifierServer(target, answer_delay=lambda: 0.25))
+    try:
+        prompt = list(b"drafted while the cloud prefills")
+        for name in ("fixed", "rapid-cost"):
+            drafter = Drafter(TorchEngine(drafts["partial"], capacity=512), TreeParams(4, 10, 2, 2), (EOS_ID,))
+            coord = Coordinator(drafter, CloudLink(server.url), POLICIES[name], CoordinatorConfig(depth=4),
+                                step_hook=lambda phase, k: time.sleep(0.01))  # 10 ms a step at least
+            gen = asyncio.run(coord.generate(prompt, 12, SamplingParams()))
+            assert gen.tokens == reference_decode(target, prompt, 12, SamplingParams(), (EOS_ID,))
+            first = gen.records[0]
+            assert first.draft_steps >= 1 and first.draft_s >= 0.01 * first.draft_steps
+            assert first.ahead_s == first.draft_s, (name, first.ahead_s, first.draft_s)
+            assert first.t_end - first.t_start < first.draft_s + first.wait_s
+            assert all(r.ahead_s == 0.0 for r in gen.records[1:])
     finally:
         server.close()

@@ -1,0 +1,47 @@
+"""The EdgeLLM-style policies' own behaviour, fitted from ``rapid bench`` traces for ``rapid sim``:
+the confidence cut's continue odds and the non-interruptible chain branch's step cost and length
+(``rapid.bench.calibration`` stores them in a ``Calibration``)."""
+
+from __future__ import annotations
+
+import statistics
+
+from rapid.bench.traces import group_runs, with_previous
+from rapid.runtime.policies import POLICIES
+
+
+def fit_confidence_cut(rounds: list[dict]) -> tuple[float, float] | None:
+    """EdgeLLM's confidence cut as P(draft one more step | the last drafted token misses / matches).
+
+    In a round that drafted ``d`` steps and had ``a`` accepted, step ``j`` (1..d) drafted a
+    token that matches iff ``j <= a``; after step ``j < d`` the drafter continued, after step
+    ``d`` below the planned depth it cut. None when no confidence-cut policy was traced.
+    """
+    cont = [[0, 0], [0, 0]]  # [miss, match] x [continued, decisions]
+    for r, prev in with_previous(group_runs([r for r in rounds if r.get("policy") == "edgellm"])):
+        kept = 0 if prev is None else prev.get("reused_depth", 0)
+        d, a, planned = r.get("draft_steps", 0), r["accepted"], r["depth"]
+        if d > 0 and kept == 0:  # rounds on a kept branch start mid-tree: skipped
+            for j in range(1, d + 1):
+                if j == d and d >= planned:
+                    break  # stopped by the planned depth, not by the cut
+                m = int(j <= a)
+                cont[m][1] += 1
+                cont[m][0] += j < d
+    if cont[0][1] + cont[1][1] < 5:
+        return None
+    return tuple(c / n if n else 1.0 for c, n in cont)  # type: ignore[return-value]
+
+
+def fit_chain_branch(rounds: list[dict]) -> tuple[float | None, dict[str, float]]:
+    """From the non-interruptible chain branches traced (``Policy.chain_branch``, not
+    ``interruptible``): a chain step's time relative to a tree step (median over rounds whose
+    wait the branch set, wait > 1.1 x the cloud's time, of wait/branch steps over draft time/draft
+    steps: both under the same load), and the mean branch steps a round ran, per policy."""
+    chains = {p.name for p in POLICIES.values() if p.proactive and p.chain_branch and not p.interruptible}
+    mine = [r for r in rounds if r.get("policy") in chains and r.get("proactive_steps")]
+    ratio = [(r["wait_s"] / r["proactive_steps"]) / (r["draft_s"] / r["draft_steps"]) for r in mine
+             if r.get("draft_steps", 0) > 0 and r.get("draft_s", 0) > 0 and r.get("wait_s", 0) > 1.1 * r.get("cloud_s", 0)]
+    steps = {p: statistics.fmean(r["proactive_steps"] for r in mine if r["policy"] == p)
+             for p in sorted({r["policy"] for r in mine})}
+    return (statistics.median(ratio) if len(ratio) >= 10 else None), steps
