@@ -10,6 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from rapid.bench.branch_outcomes import branch_outcome_lines
+from rapid.bench.colocation import verify_tax_lines
 from rapid.bench.contention import schedule_kind
 from rapid.bench.md_table import md_table
 from rapid.bench.peer_report import ceiling_lines, peer_lines, peer_tok_s_lines
@@ -198,6 +199,7 @@ def write_report(folder: str | Path, plots: bool = True) -> dict[str, Path]:
     # the branch outcomes of the lead policy, else of the first proactive one measured (an ipdg-only run)
     L += round_time_lines(rounds, lead) + next(
         (lines for pol in (lead, "rapid", "ipdg") if (lines := branch_outcome_lines(rounds, pol))), [])
+    L += verify_tax_lines(rounds, ["ipdg", "rapid", "rapid-cost"])  # (empty without fixed beside them)
     pngs = [p for k, p in files.items() if k not in ("summary", "report")]
     if pngs:
         L += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in pngs]
