@@ -18,7 +18,7 @@ from rapid.bench.variants import variant_configs
 from rapid.core.errors import OptionError
 from rapid.runtime.edge_config import DEFAULT as EDGE_DEFAULT
 from rapid.runtime.edge_config import add_edge_args
-from rapid.runtime.policies import POLICIES
+from rapid.runtime.policies import POLICIES, get_policy
 
 # 4 min on the default pair (2 cores): the sustained-load comparison only, short prompts and outputs
 QUICK = dict(policies="fixed,rapid", sets="c4", n_prompts=1, token_budget=32, max_new=8,
@@ -198,8 +198,10 @@ def _check_sim_options(a: argparse.Namespace) -> None:
     if a.ingress_ms < 0:
         raise OptionError(f"--ingress-ms must be >= 0, got {a.ingress_ms}")
     for name in _csv(a.policies) or []:
-        if name not in POLICIES:
-            raise OptionError(f"--policies: unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+        try:
+            get_policy(name)
+        except ValueError as e:
+            raise OptionError(f"--policies: {e}") from None
     for spec in _csv(a.contention) or []:
         parse_schedule(spec)
 

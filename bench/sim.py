@@ -108,7 +108,7 @@ class _Edge:
         budget = max((round(v) for v in cal.nodes_by_depth.values()), default=cal.budget)
         self.ctrl.observe_cloud(STARTUP_CURVE_NODES, [cal.verify(n) for n in STARTUP_CURVE_NODES], budget,
                                 cal.step_tokens)
-        self.prefill: float | None = cal.prefill_s  # None once the first round is drafted
+        self.prefill = cal.prefill_s
         self.target = tokens
         self.rng = random.Random(seed * 1_000_003 + idx)
         self.phase = phase
@@ -321,10 +321,11 @@ class _Cloud:
         else:
             depth = round_depth(e.decision.depth, e.target - e.pos, e.reused)
         t = now
-        if e.prefill is not None and e.policy.drafting and e.cal.draft_ahead:
+        if e.res.rounds == 0 and e.policy.drafting and e.cal.draft_ahead:
             t = e.t0  # round 0: the draft's prefill and tree while the cloud prefills (as the coordinator)
         if e.prefill and e.policy.drafting:  # the draft prefill runs inside the first round
             t += e.prefill * e.factor(t)
+            e.prefill = 0.0
         planned = max(0, depth - e.reused) if depth > 0 else 0
         if not e.oracle and e.policy.confidence_floor is None:  # (EdgeLLM's cut has its own model)
             # the traced steps for those levels (level 1 is often free), rounded at random
@@ -339,7 +340,7 @@ class _Cloud:
                 depth = e.reused + steps
                 break
         e.res.draft_steps += steps
-        e.prefill, t = None, max(t, now)  # (drafted ahead: sent once Ready is in)
+        t = max(t, now)  # (round 0 drafted ahead: sent once Ready is in)
         nodes = float(depth) if e.oracle else (e.cal.nodes(depth, e.policy.name) if depth > 0
                                                else float(e.sent_levels(0)))  # depth 0: the lookup chain
         self.pending[e.idx] = {"depth": depth, "t_send": t, "t_start": now, "nodes": nodes}
