@@ -189,9 +189,9 @@ def _counts(flag: str, text: str) -> list[int]:
 
 
 def _check_sim_options(a: argparse.Namespace) -> None:
-    """``rapid sim``'s options, one line each before any trace is read."""
-    _counts("--edges", a.edges)
-    _counts("--replicas", a.replicas)
+    """``rapid sim``'s options, one line each before any trace is read; ``--edges`` and
+    ``--replicas`` are parsed here once, into lists of counts."""
+    a.edges, a.replicas = _counts("--edges", a.edges), _counts("--replicas", a.replicas)
     for flag, value in (("--tokens", a.tokens), ("--seeds", a.seeds), ("--max-batch", a.max_batch)):
         if value < 1:
             raise OptionError(f"{flag} must be >= 1, got {value}")

@@ -111,13 +111,11 @@ def _policy_cells(cal_of: dict, profs: list[str], scheds: list[str], sets: list[
 def _scale(cal, pols: list[str], profs: list[str], scheds: list[str], sch, a) -> list[dict]:
     """3. many edges, batched verifier replicas."""
     scale = []
-    ns = [int(x) for x in a.edges.split(",") if x.strip()]
     sname = next((s for s in scheds if s != "none"), scheds[0])
-    reps = [int(x) for x in str(getattr(a, "replicas", "1")).split(",") if x.strip()]
     for pol in [p for p in ("fixed", "rapid") if p in pols] or pols[:2]:
-        for k in reps:
-            for n in ns:
-                hop = getattr(a, "ingress_ms", 0.0) / 1000 if k > 1 else 0.0
+        for k in a.replicas:  # counts, parsed once by the command line (bench.cli)
+            for n in a.edges:
+                hop = a.ingress_ms / 1000 if k > 1 else 0.0
                 r = simulate(POLICIES[pol], cal, sch(sname), get_profile(profs[0]), min(a.tokens, 64), 0, edges=n,
                              max_batch=a.max_batch, startup=False, replicas=k, ingress_s=hop)
                 tps = [e.tok_s for e in r["edges"]]
