@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import os
 import signal
 
@@ -41,6 +42,7 @@ from rapid.runtime.engine_pool import EdgeService
 from rapid.runtime.generate import open_edge_models
 from rapid.runtime.openai_api import create_app
 from rapid.runtime.openai_schema import RequestDefaults
+from rapid.runtime.tree import TreeParams
 
 log = logging.getLogger("rapid.edge.daemon")
 
@@ -122,6 +124,20 @@ def _listen_address(args: argparse.Namespace) -> tuple[str, int]:
     return host, port
 
 
+def _checked_options(args: argparse.Namespace) -> TreeParams:
+    """The daemon's own flags and the edge options (``EdgeConfig``), one line each before any model
+    loads (a bad ``--verdict-timeout`` used to surface as a traceback at the first request); the
+    tree parameters of its requests."""
+    if args.parallel < 1:
+        raise OptionError(f"--parallel must be >= 1, got {args.parallel}")
+    for flag, value, ok, rule in (("--retry-timeout", args.retry_timeout, args.retry_timeout > 0, "> 0"),
+                                  ("--verdict-timeout", args.verdict_timeout, args.verdict_timeout > 0, "> 0"),
+                                  ("--shutdown-timeout", args.shutdown_timeout, args.shutdown_timeout >= 0, ">= 0")):
+        if not (math.isfinite(value) and ok):
+            raise OptionError(f"{flag} must be a finite number {rule}, got {value}")
+    return EdgeConfig.of(args).tree()
+
+
 def main(argv: list[str] | None = None) -> int:
     import uvicorn  # optional: only the daemon needs it
 
@@ -129,14 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     source, backend = _source_and_backend(args)
     host, port = _listen_address(args)
-    if args.parallel < 1:
-        raise OptionError(f"--parallel must be >= 1, got {args.parallel}")
+    tree = _checked_options(args)
     token = load_token(args.token_file)
     if token is None:
         log.warning("no --token-file / RAPID_TOKEN: connecting to the cloud without a token")
     ssl = client_ssl_context(args.cloud, args.cafile)
     edges = open_edge_models(source, backend, args.capacity, args.threads, args.parallel)
-    service = EdgeService(edges, args.cloud, policy=args.policy, tree=EdgeConfig.of(args).tree(),
+    service = EdgeService(edges, args.cloud, policy=args.policy, tree=tree,
                           token=token, ssl=ssl, model_name=args.model_name or os.path.basename(source.rstrip("/")),
                           link_options={"retry_timeout": args.retry_timeout,
                                         "verdict_timeout_s": args.verdict_timeout})

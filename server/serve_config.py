@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from rapid.core.device import check_device_name
 from rapid.core.errors import OptionError
 from rapid.core.precision import DTYPES
 
@@ -66,6 +67,7 @@ class ServeConfig:
         for name, ok, rule in rules:
             if not ok:
                 raise OptionError(f"{_flag(name)} must be {rule}, got {getattr(self, name)}")
+        check_device_name(self.device)  # the name only: whether it exists is known once torch loads
         try:
             self.limits()
         except LimitError as e:

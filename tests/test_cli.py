@@ -62,6 +62,9 @@ def test_edge_commands_share_the_int4_draft_and_honest_flag_help(cmd):
     (("serve", "--replicas", "2", "--max-batch", "0"), "--max-batch must be >= 1"),  # the Ray path, before Ray
     (("edge", "--port", "70000"), "--port must name a port in [1, 65535]"),
     (("edge", "--parallel", "0"), "--parallel must be >= 1, got 0"),
+    (("edge", "--max-tokens", "0"), "--max-tokens must be >= 1, got 0"),  # was checked after the engines loaded
+    (("edge", "--verdict-timeout", "0"), "--verdict-timeout must be a finite number > 0"),  # was a traceback
+    # at the first request
     (("generate", "x", "--seed", "-1", "--temperature", "1"), "--seed must be in [0, 2**63), got -1"),
     (("demo", "--num-prompts", "0"), "--num-prompts must be in [1, "),  # none run is no "identical on every prompt"
     (("bench", "--repeats", "0"), "--repeats must be >= 1, got 0"),
@@ -75,6 +78,7 @@ def test_bad_input_is_one_line_before_any_model_loads(args, says):
     t0 = time.time()
     r = rapid(*args)
     assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr[-800:]
+    assert "engine: " not in r.stderr and "loading target" not in r.stderr, r.stderr[-800:]  # nothing loaded
     assert time.time() - t0 < 30
 
 

@@ -18,11 +18,18 @@ class UnsupportedDeviceError(RapidError):
     """The requested device is malformed or not present on this machine."""
 
 
-def choose_device(requested: str, cuda_devices: int) -> str:
-    """Resolve ``requested`` given how many CUDA devices are visible (see the module docstring)."""
+def check_device_name(requested: str) -> re.Match[str]:
+    """``requested`` parsed as auto|cpu|cuda|cuda:N, or UnsupportedDeviceError (before anything
+    loads: whether the device exists is known only once torch is imported)."""
     m = DEVICE_PATTERN.fullmatch(requested)
     if m is None:
         raise UnsupportedDeviceError(f"--device {requested!r}: expected auto, cpu, cuda or cuda:N")
+    return m
+
+
+def choose_device(requested: str, cuda_devices: int) -> str:
+    """Resolve ``requested`` given how many CUDA devices are visible (see the module docstring)."""
+    m = check_device_name(requested)
     if requested == "auto":
         return "cuda:0" if cuda_devices > 0 else "cpu"
     if requested == "cpu":
