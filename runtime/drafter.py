@@ -385,6 +385,7 @@ class Drafter:
         self.levels = levels_kept if plan.hit and plan.next_tree.root_top is not None else 0
         self.roots.clear()
         if self.levels:  # a kept branch skips step 0, where lookup candidates join a new tree
+            self.tree.regrow_children(self.params.topk, self.stop_ids)  # lost to the other roots
             self.add_lookup()
             self.tree.prune(self.params.budget, floor=self.params.floor)
         return plan
