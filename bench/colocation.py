@@ -44,9 +44,10 @@ def verify_tax(rounds: list[dict], policy: str, base: str = "fixed") -> list[Ver
             ref[(*cell, r["tree_nodes"])].append(r["verify_s"])
         elif r["policy"] == policy and r.get("proactive_steps"):
             mine[cell].append((r["tree_nodes"], r["verify_s"]))
+    ref_median = {key: statistics.median(vs) for key, vs in ref.items()}  # once per (cell, size), not per round
     out = []
     for (schedule, pset), rows in sorted(mine.items()):
-        ratios = [v / statistics.median(ref[(schedule, pset, n)]) for n, v in rows if ref.get((schedule, pset, n))]
+        ratios = [v / ref_median[(schedule, pset, n)] for n, v in rows if (schedule, pset, n) in ref_median]
         if ratios:
             out.append(VerifyTax(policy, schedule, pset, statistics.median(ratios), len(ratios)))
     return out
