@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import math
 import os
 import signal
 
@@ -40,6 +39,7 @@ from rapid.core.errors import OptionError, RapidError
 from rapid.runtime.edge_config import BACKENDS, DEFAULT, EdgeConfig, HelpFormatter, add_edge_args
 from rapid.runtime.engine_pool import EdgeService
 from rapid.runtime.generate import open_edge_models
+from rapid.runtime.link import checked_seconds
 from rapid.runtime.openai_api import create_app
 from rapid.runtime.openai_schema import RequestDefaults
 from rapid.runtime.tree import TreeParams
@@ -130,11 +130,9 @@ def _checked_options(args: argparse.Namespace) -> TreeParams:
     tree parameters of its requests."""
     if args.parallel < 1:
         raise OptionError(f"--parallel must be >= 1, got {args.parallel}")
-    for flag, value, ok, rule in (("--retry-timeout", args.retry_timeout, args.retry_timeout > 0, "> 0"),
-                                  ("--verdict-timeout", args.verdict_timeout, args.verdict_timeout > 0, "> 0"),
-                                  ("--shutdown-timeout", args.shutdown_timeout, args.shutdown_timeout >= 0, ">= 0")):
-        if not (math.isfinite(value) and ok):
-            raise OptionError(f"{flag} must be a finite number {rule}, got {value}")
+    checked_seconds("--retry-timeout", args.retry_timeout)
+    checked_seconds("--verdict-timeout", args.verdict_timeout)
+    checked_seconds("--shutdown-timeout", args.shutdown_timeout, zero_ok=True)
     return EdgeConfig.of(args).tree()
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import random
 import threading
 import time
@@ -45,7 +46,7 @@ import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
 from rapid.core.auth import bearer
-from rapid.core.errors import RapidError
+from rapid.core.errors import OptionError, RapidError
 from rapid.core.wire import (
     PROTOCOL_VERSION,
     TRANSPORT_MAX_BYTES,
@@ -68,6 +69,15 @@ FULL = {"full", "busy"}  # the cloud is at its session limit ("busy": what older
 FULL_RETRY_S = 3.0  # a full cloud is retried this long, then the open fails with CloudError("full")
 VERDICT_FACTOR = 10.0  # a round may take this many times the session's slowest verdict so far
 VERDICT_FLOOR_S = 30.0  # ... but at least this (the first round includes the cloud's prefill)
+
+
+def checked_seconds(name: str, value: float, zero_ok: bool = False) -> float:
+    """``value`` when it is a finite number of seconds > 0 (>= 0 with ``zero_ok``), else an
+    ``OptionError`` naming ``name``: the one rule for the link's timeouts, read by ``CloudLink`` and
+    by the daemon's start-up check of its flags."""
+    if not (math.isfinite(value) and (value >= 0 if zero_ok else value > 0)):
+        raise OptionError(f"{name} must be a finite number {'>= 0' if zero_ok else '> 0'}, got {value}")
+    return value
 
 
 class CloudError(RapidError):
@@ -97,8 +107,8 @@ class CloudLink:
                  backoff_max_s: float = 2.0, reconnect: bool = True, rng: random.Random | None = None,
                  verdict_timeout_s: float = 120.0, tokenizer: str = "",
                  full_retry_s: float = FULL_RETRY_S) -> None:
-        if verdict_timeout_s <= 0:
-            raise ValueError(f"verdict_timeout_s must be > 0, got {verdict_timeout_s}")
+        checked_seconds("verdict_timeout_s", verdict_timeout_s)
+        checked_seconds("retry_timeout", retry_timeout)
         self.url = url
         self.open_timeout = open_timeout
         self.delay_s = delay_s  # optional one-way delay added to each sent tree (labelled in reports)

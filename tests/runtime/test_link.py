@@ -9,6 +9,7 @@ import time
 import pytest
 from websockets.asyncio.server import serve
 
+from rapid.core.errors import OptionError
 from rapid.core.procs import free_port
 from rapid.core.wire import Bye, ErrorFrame, Hello, Ready, Tree, VerdictFrame, decode, encode
 from rapid.runtime.link import CloudError, CloudLink
@@ -140,8 +141,10 @@ def test_the_verdict_deadline_follows_the_slowest_round_between_floor_and_cap():
 
     asyncio.run(with_peer(accept_first, body))
     assert CloudLink("ws://127.0.0.1:1", verdict_timeout_s=1.0).verdict_deadline_s() == 1.0  # the cap rules
-    with pytest.raises(ValueError):
-        CloudLink("ws://127.0.0.1:1", verdict_timeout_s=0)
+    for bad in ({"verdict_timeout_s": 0}, {"verdict_timeout_s": float("nan")}, {"retry_timeout": -1.0},
+                {"retry_timeout": float("inf")}):  # nan passed the old `<= 0` guard and never timed out
+        with pytest.raises(OptionError, match=f"{next(iter(bad))} must be a finite number > 0"):
+            CloudLink("ws://127.0.0.1:1", **bad)
 
 
 def test_a_full_cloud_is_retried_briefly_and_a_freed_slot_is_taken():
