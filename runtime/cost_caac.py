@@ -170,6 +170,7 @@ class CostAwareCAAC(CAAC):
     def new_request(self) -> None:
         super().new_request()
         self._lookup, self._undrafted = ([], 0), 0
+        self._reach.carry(self.cost.request_rounds)  # the last request's reach: a prior (module docstring)
 
     def observe_lookup(self, reach: Sequence[float], nodes: int) -> None:
         """The prompt-lookup chains the next tree would carry: P(they reach level k), k = 1..

@@ -23,6 +23,17 @@ A100-like verify and 9 ms steps, lan and wan}), rapid-cost's macro mean against 
 moves by at most 0.7 % for ``alpha_reach`` 0.02 / 0.1, ``p0`` 0.5 / 0.85 or ``w = 5``: the
 defaults are not a tuned optimum, and nothing rests on their exact values.
 
+Across requests (``ReachEstimate.carry``, called by ``CostAwareCAAC.new_request``). The edge daemon
+and the bench keep one controller per policy, so a request starts with the last one's counts::
+
+    s_d, n_d <- k * (s_d, n_d),   k = min(1, request_rounds / n_1)      (n_1: drafted rounds counted)
+
+The per-level rates stay (the prior), but weigh as at most ``request_rounds`` (4) rounds against
+the new request's own. With the whole memory (~20 rounds) a text the draft follows well that came
+after one it follows badly kept the old depth for half its generation (``rapid bench --vs-ar`` on
+the Zen 4: humaneval after c4 at depth 2-3 for 10 rounds, most fully accepted); with the cap,
+paired in one run, +2.8 % / +2.9 % over the five sets in two runs (docs/controller.md).
+
 Verify time by tree size (``VerifyCurve``). The start-up curve ``C`` from the cloud's
 ``Ready`` (one tree forward of ``n`` nodes after the root) gives the shape; every verdict's
 ``verify_s`` for its tree of ``n`` nodes gives the level, per size::
@@ -75,6 +86,8 @@ class CostConfig:
     p0: float = 0.7  # prior per-level acceptance before any round
     prior_weight: float = 2.0  # w: pseudo-rounds pulling a level towards the pooled rate
     alpha_reach: float = 0.05  # forgetting of the per-level counts, per round
+    request_rounds: float = 4.0  # a new request starts with the carried counts worth at most this many
+    # rounds (ReachEstimate.carry): the last request's text is a prior, not this one's evidence
     alpha_verify: float = 0.2  # EMA rate of a verify-curve point from verdicts
     alpha_rtt: float = 0.3  # EMA rate of the RTT and of the tree size per depth
     max_undrafted: int = 4  # rounds in a row that may skip drafting (depth 0) before one drafts to
@@ -97,6 +110,8 @@ class CostConfig:
             raise ValueError(f"CostConfig.max_undrafted must be an int >= 0, got {self.max_undrafted!r}")
         if not isinstance(self.slow_steps, int) or self.slow_steps < 1:
             raise ValueError(f"CostConfig.slow_steps must be an int >= 1, got {self.slow_steps!r}")
+        if self.request_rounds < 0:
+            raise ValueError(f"CostConfig.request_rounds must be >= 0, got {self.request_rounds}")
         for name in ("skip_margin", "open_skip_margin"):
             if getattr(self, name) < 0:
                 raise ValueError(f"CostConfig.{name} must be >= 0, got {getattr(self, name)}")
@@ -142,6 +157,16 @@ class ReachEstimate:
         c = ReachEstimate(self.max_depth, self.config)
         c.succ, c.trials = list(self.succ), list(self.trials)
         return c
+
+    def carry(self, rounds: float) -> None:
+        """Into a new request: scale every count by ``min(1, rounds / n_1)`` (``n_1``: the rounds
+        counted at level 1, every drafted round), so the per-level rates stay and weigh as at most
+        ``rounds`` rounds against the new request's own."""
+        n1 = self.trials[1] if self.max_depth >= 1 else 0.0
+        if n1 > rounds:
+            k = rounds / n1
+            self.succ = [x * k for x in self.succ]
+            self.trials = [x * k for x in self.trials]
 
     def observe(self, accepted: int, depth: int) -> None:
         """One verified round: ``accepted`` (clamped to ``depth``) of ``depth`` levels."""

@@ -272,6 +272,21 @@ def test_under_load_the_depth_keeps_the_best_rate_where_eta_would_throw_acceptan
     assert rates[busy.depth] > rates[scaled]
 
 
+def test_a_new_request_follows_its_own_text_within_a_few_rounds():
+    """The reach carried from a request whose text the draft followed badly (per-level acceptance
+    0.3) is a prior worth ``request_rounds`` rounds: on a new request that it follows well (0.95)
+    the first rounds go deeper sooner than with the whole carried memory (~20 rounds)."""
+    _, s, v, rtt = REGIMES["gpu, wan"]
+
+    def first_rounds(request_rounds: float) -> float:
+        ctrl = CostAwareCAAC(cost=CostConfig(request_rounds=request_rounds))
+        drive(ctrl, 0.3, s, v, rtt, rounds=80)
+        ctrl.new_request()
+        return sum(true_rate(d, 0.95, s, v, rtt) for d in drive(ctrl, 0.95, s, v, rtt, rounds=8, seed=1))
+
+    assert first_rounds(CostConfig().request_rounds) > 1.1 * first_rounds(1e9)
+
+
 def test_what_if_leaves_the_state_alone_and_kept_levels_bound_the_depth():
     p, s, v, rtt = REGIMES["gpu, lan"]
     ctrl = CostAwareCAAC(CAACConfig())

@@ -48,6 +48,24 @@ def test_reach_forgets_and_clamps():
     assert c.reach() != r.reach()  # the copy is independent
 
 
+def test_carry_keeps_the_rates_and_weighs_them_as_at_most_a_few_rounds():
+    r = ReachEstimate(4)
+    for k in range(40):
+        r.observe(k % 3, 4)  # 0, 1, 2 of 4 levels in turn
+    rates = [s / n for s, n in zip(r.succ[1:], r.trials[1:], strict=True) if n]
+    assert r.trials[1] > 10
+    r.carry(4.0)
+    assert r.trials[1] == pytest.approx(4.0)  # level 1 counts every drafted round
+    assert [s / n for s, n in zip(r.succ[1:], r.trials[1:], strict=True) if n] == pytest.approx(rates)
+    few = ReachEstimate(4)
+    few.observe(2, 4)
+    before = few.reach()
+    few.carry(4.0)
+    assert few.reach() == before  # under the cap: nothing to scale
+    few.carry(0.0)
+    assert few.reach() == ReachEstimate(4).reach()  # nothing carried: the prior
+
+
 @settings(max_examples=50, deadline=None)
 @given(rounds=st.lists(st.tuples(st.integers(0, 8), st.integers(1, 8)), max_size=40))
 def test_reach_is_a_falling_probability(rounds):
@@ -98,6 +116,6 @@ def test_link_cost_rtt_ema_and_tree_size_per_depth():
 
 def test_config_is_validated():
     for bad in (dict(p0=1.0), dict(prior_weight=0), dict(alpha_reach=0), dict(alpha_rtt=1.5),
-                dict(alpha_verify=float("nan")), dict(p0=True)):
+                dict(alpha_verify=float("nan")), dict(p0=True), dict(request_rounds=-1.0)):
         with pytest.raises(ValueError):
             CostConfig(**bad)
