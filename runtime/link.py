@@ -73,8 +73,8 @@ VERDICT_FLOOR_S = 30.0  # ... but at least this (the first round includes the cl
 
 def checked_seconds(name: str, value: float, zero_ok: bool = False) -> float:
     """``value`` when it is a finite number of seconds > 0 (>= 0 with ``zero_ok``), else an
-    ``OptionError`` naming ``name``: the one rule for the link's timeouts, read by ``CloudLink`` and
-    by the daemon's start-up check of its flags."""
+    ``OptionError`` naming ``name``: the one rule for a timeout, read by ``CloudLink`` for its own and
+    by ``rapid edge``'s start-up check of its flags (the link's two and ``--shutdown-timeout``)."""
     if not (math.isfinite(value) and (value >= 0 if zero_ok else value > 0)):
         raise OptionError(f"{name} must be a finite number {'>= 0' if zero_ok else '> 0'}, got {value}")
     return value
