@@ -110,9 +110,7 @@ class CostConfig:
             raise ValueError(f"CostConfig.max_undrafted must be an int >= 0, got {self.max_undrafted!r}")
         if not isinstance(self.slow_steps, int) or self.slow_steps < 1:
             raise ValueError(f"CostConfig.slow_steps must be an int >= 1, got {self.slow_steps!r}")
-        if self.request_rounds < 0:
-            raise ValueError(f"CostConfig.request_rounds must be >= 0, got {self.request_rounds}")
-        for name in ("skip_margin", "open_skip_margin"):
+        for name in ("skip_margin", "open_skip_margin", "request_rounds"):
             if getattr(self, name) < 0:
                 raise ValueError(f"CostConfig.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("alpha_reach", "alpha_verify", "alpha_rtt"):
