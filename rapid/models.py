@@ -249,21 +249,36 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+def _unloadable(source: str, what: str, e: Exception) -> ModelSourceError:
+    """transformers' refusal of a resolved folder (no model_type, unknown architecture, missing or
+    broken weight or tokenizer files) as one line."""
+    first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+    return ModelSourceError(f"cannot load {what} from {source}: {first}")
+
+
 def load_tokenizer(spec: str | Path, fetch: bool = False) -> PreTrainedTokenizerBase:
-    """Resolve ``spec`` and load its tokenizer."""
+    """Resolve ``spec`` and load its tokenizer (ModelSourceError where transformers refuses it)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(resolve_model(spec, fetch=fetch))
+    source = resolve_model(spec, fetch=fetch)
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError, KeyError) as e:
+        raise _unloadable(source, "a tokenizer", e) from None
 
 
 def load_hf_model(spec: str | Path, dtype: torch.dtype | None = None, fetch: bool = False,
                   **kwargs: Any) -> PreTrainedModel:
-    """Resolve ``spec`` and load it as a causal LM (float32 by default), in eval mode."""
+    """Resolve ``spec`` and load it as a causal LM (float32 by default), in eval mode
+    (ModelSourceError where transformers refuses it)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        resolve_model(spec, fetch=fetch), dtype=dtype or torch.float32, **kwargs)
+    source = resolve_model(spec, fetch=fetch)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype or torch.float32, **kwargs)
+    except (OSError, ValueError, KeyError) as e:
+        raise _unloadable(source, "a causal LM", e) from None
     return model.eval()
 
 

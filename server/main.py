@@ -14,6 +14,7 @@ from rapid.core.precision import choose_dtype, cpu_flags
 from rapid.core.vocab import fingerprint
 from rapid.engines import rowops
 from rapid.modeling import load_decoder
+from rapid.models import resolve_model
 from rapid.server import row_forward
 from rapid.server.app import VerifierServer, serve_forever
 from rapid.server.invariance import check_invariance
@@ -111,8 +112,9 @@ def measured_flat_nodes(model, mode: str, points: list[CurvePoint] | None = None
 def build_verifier(spec: VerifierSpec, token: str | None = None) -> VerifierServer:
     """Load the target, measure its verify mode and curve, and wrap it in a ``VerifierServer``
     (the single-process server and every Ray Serve replica are built here)."""
+    target = resolve_model(spec.target)  # a bad --target: its one-line error before any other line
     log.info("loading target %s (%s, %d thread(s))", spec.target, spec.dtype, spec.threads)
-    model, tokenizer = load_target(spec.target, spec.dtype, spec.threads, spec.device)
+    model, tokenizer = load_target(target, spec.dtype, spec.threads, spec.device)
     mode = choose_verify_mode(model, spec.verify, spec.limits.max_context)
     points = startup_curve(model, mode)
     return VerifierServer(model, spec.limits, token=token, batch_window_ms=spec.batch_window_ms,

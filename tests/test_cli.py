@@ -90,13 +90,21 @@ def test_serve_on_a_busy_port_says_so_before_loading():
     assert "loading target" not in r.stderr and "Traceback" not in r.stderr
 
 
-def test_log_lines_have_date_level_logger_or_are_json():
+def test_serve_with_a_missing_target_says_so_before_loading():
     r = rapid("serve", "--target", "/nonexistent/model", "--port", str(free_port()))
+    assert r.returncode == 2 and "no such folder or file: /nonexistent/model" in r.stderr
+    assert "loading target" not in r.stderr and "dtype" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_log_lines_have_date_level_logger_or_are_json(tmp_path):
+    (tmp_path / "config.json").write_text("{}")  # resolves, so the server logs, then refused in one line
+    r = rapid("serve", "--target", str(tmp_path), "--port", str(free_port()))
+    assert r.returncode == 2 and "cannot load a causal LM" in r.stderr and "Traceback" not in r.stderr
     line = next(x for x in r.stderr.splitlines() if "rapid.server" in x)
     date, clock, level, logger = line.split()[:4]
     assert len(date) == 10 and date[4] == "-" and len(clock) == 8 and level in ("INFO", "WARNING")
     assert logger == "rapid.server:"
-    r = rapid("--log-format", "json", "serve", "--target", "/nonexistent/model", "--port", str(free_port()))
+    r = rapid("--log-format", "json", "serve", "--target", str(tmp_path), "--port", str(free_port()))
     records = [json.loads(x) for x in r.stderr.splitlines() if x.startswith("{")]
     assert records and {"ts", "level", "logger", "message"} <= set(records[0])
 

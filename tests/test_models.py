@@ -214,6 +214,23 @@ def test_resolve_missing_path(tmp_path: Path) -> None:
         resolve_model("./nope/model.gguf")
 
 
+def test_a_folder_transformers_refuses_is_one_typed_line(tmp_path: Path) -> None:
+    """A config.json without model_type, or a config without weights or tokenizer files: a
+    ModelSourceError naming the folder and transformers' first line, not a traceback."""
+    (tmp_path / "untyped").mkdir()
+    (tmp_path / "untyped" / "config.json").write_text("{}")
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 64,
+                                                               "hidden_size": 8, "num_hidden_layers": 1,
+                                                               "num_attention_heads": 2, "intermediate_size": 16}))
+    for name, needle in (("untyped", "model_type"), ("bare", "model.safetensors")):
+        with pytest.raises(ModelSourceError, match=f"cannot load a causal LM from {tmp_path / name}: .*{needle}"):
+            models.load_hf_model(tmp_path / name)
+    with pytest.raises(ModelSourceError, match=f"cannot load a tokenizer from {tmp_path / 'bare'}: ") as e:
+        models.load_tokenizer(tmp_path / "bare")
+    assert "\n" not in str(e.value)
+
+
 def test_resolve_other_file(tmp_path: Path) -> None:
     (tmp_path / "x.bin").write_bytes(b"x")
     with pytest.raises(ModelSourceError, match="neither"):
