@@ -70,6 +70,24 @@ def test_a_chain_no_deeper_than_the_draft_is_replayed_where_traced(cal):
     assert fit.reach(0) == 3 and older.reach(0) == 0  # what a simulated depth-0 round sends there
 
 
+def test_a_chain_sent_alone_is_replayed_where_it_was_found_for_every_policy(cal):
+    """rapid-cost drafted nothing and sent a 5-level lookup chain, accepted whole, from position 2
+    of the prompt (after two 1-token rounds); fixed, drafting depth 1 on the same prompt, found no
+    chain at its round starts (positions 0, 2, 4, ...). The replay (fixed's bits) offers the
+    chain at position 2 counting down along it, as a simulated depth-0 round would find it; the
+    same rows with the chain round on another prompt offer nothing there. Before, rounds that
+    drafted nothing were left out of the replay, chains and all."""
+    fixed = [_row(i, depth=1, steps=1, tree_depth=1, accepted=1, lookup_depth=0, emitted=2) for i in range(12)]
+    alone = [_row(0, "rapid-cost", depth=0, steps=0, tree_depth=0, accepted=0, lookup_depth=0, emitted=1),
+             _row(1, "rapid-cost", depth=0, steps=0, tree_depth=0, accepted=0, lookup_depth=0, emitted=1),
+             _row(2, "rapid-cost", depth=0, steps=0, tree_depth=5, accepted=5, lookup_depth=5, emitted=6)]
+    fit = fit_acceptance(replace(cal), fixed + alone)
+    assert fit.lookup_reach[:9] == [0, 0, 5, 4, 3, 2, 1, 0, 0]
+    assert fit.reach(2) == 5 and fit.reach(3) == 4
+    elsewhere = fit_acceptance(replace(cal), fixed + [dict(r, prompt_id="1") for r in alone])
+    assert not any(elsewhere.lookup_reach)
+
+
 def test_draft_steps_follow_the_traces(cal):
     """Depth-4 rounds that ran 3 steps (level 1 free): the simulator drafts 3 a round, not 4."""
     fit = fit_acceptance(replace(cal), [_row(i, steps=3, tree_depth=4, accepted=1) for i in range(30)])
