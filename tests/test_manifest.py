@@ -13,7 +13,8 @@ from rapid.core import manifest as m
 def valid(**over) -> dict:
     data = {"format": m.FORMAT, "format_version": m.FORMAT_VERSION, "present_kv": m.PRESENT_KV_CONVENTION,
             "model": "tiny", "dtype": "fp32", "max_context": 128, "max_tree": 16,
-            "io": m.io_spec(2, 2, 16, 300, "fp32")}
+            "io": m.io_spec(2, 2, 16, 300, "fp32"), "architecture": {"layers": 2, "kv_heads": 2, "head_dim": 16},
+            "files": {"onnx": m.ONNX_FILE}}
     data.update(over)
     return data
 
@@ -48,6 +49,8 @@ def test_write_then_load_round_trips(tmp_path):
     (valid(format_version=m.FORMAT_VERSION + 1), "upgrade RAPID"),
     (valid(present_kv="past+new"), "present-KV convention"),
     ({k: v for k, v in valid().items() if k != "max_tree"}, "lacks the field 'max_tree'"),
+    ({k: v for k, v in valid().items() if k != "architecture"}, "lacks the field 'architecture'"),  # engines read it
+    ([valid()], "is not a JSON object"),  # was an AttributeError
 ])
 def test_load_rejects_incompatible_manifests(tmp_path, data, needle):
     (tmp_path / m.MANIFEST_FILE).write_text(json.dumps(data))

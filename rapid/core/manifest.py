@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -94,13 +95,16 @@ def load_manifest(export_dir: str | os.PathLike[str]) -> dict[str, Any]:
     folder = Path(export_dir).expanduser()
     path = folder / MANIFEST_FILE
     if not folder.is_dir():
-        raise ManifestError(f"export folder {folder} does not exist (run `rapid export onnx` first)")
+        raise ManifestError(f"export folder {folder} does not exist (make one with "
+                            f"`rapid export --out {shlex.quote(str(folder))}`)")
     if not path.is_file():
         raise ManifestError(f"{folder} has no {MANIFEST_FILE}: it is not a RAPID export folder")
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ManifestError(f"cannot read {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise ManifestError(f"{path} is not a JSON object: it is not a RAPID manifest")
     if data.get("format") != FORMAT:
         raise ManifestError(f"{path} is not a {FORMAT} manifest (format={data.get('format')!r})")
     if int(data.get("format_version", -1)) > FORMAT_VERSION:
@@ -109,7 +113,7 @@ def load_manifest(export_dir: str | os.PathLike[str]) -> dict[str, Any]:
     if data.get("present_kv") != PRESENT_KV_CONVENTION:
         raise ManifestError(f"{path}: present-KV convention {data.get('present_kv')!r} is not "
                             f"{PRESENT_KV_CONVENTION!r}")
-    for key in ("model", "dtype", "max_context", "max_tree", "io"):
+    for key in ("model", "dtype", "max_context", "max_tree", "io", "architecture", "files"):
         if key not in data:
             raise ManifestError(f"{path} lacks the field {key!r}")
     return data

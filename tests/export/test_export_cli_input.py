@@ -1,0 +1,61 @@
+"""``rapid export`` refuses bad input in one line, ``rapid export: error: ...``, exit 2, before any
+model loads (every case names a model that does not exist: without the check it fails later, on it)."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from rapid.cli import build_parser
+from rapid.core.manifest import ManifestError, load_manifest
+from rapid.core.trt_support import missing_modules
+
+PREFIX = "rapid export: error: "
+
+
+def export(tmp_path, *args):
+    """``rapid export --model <missing> ...`` run in ``tmp_path`` (so a stray export lands there)."""
+    r = subprocess.run([sys.executable, "-m", "rapid.cli", "export", "--model", str(tmp_path / "no-model"), *args],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    lines = r.stderr.strip().splitlines()
+    return r.returncode, lines[-1].split("\r")[-1] if lines else "", lines
+
+
+@pytest.mark.parametrize("out", ["", "  "])
+def test_empty_out_is_refused(tmp_path, out):
+    rc, err, lines = export(tmp_path, "--out", out)
+    assert (rc, len(lines)) == (2, 1)
+    assert err.startswith(PREFIX + "--out ") and "empty" in err
+    assert list(tmp_path.iterdir()) == []  # nothing written into the current directory
+
+
+def test_quant_block_without_quantize_is_refused(tmp_path):
+    rc, err, lines = export(tmp_path, "--out", str(tmp_path / "o"), "--quant-block", "64")
+    assert (rc, len(lines)) == (2, 1)
+    assert err.startswith(PREFIX + "--quant-block needs --quantize")
+
+
+@pytest.mark.skipif("tensorrt" not in missing_modules(), reason="tensorrt is installed here")
+def test_trt_without_tensorrt_is_refused_before_the_export(tmp_path):
+    rc, err, lines = export(tmp_path, "--out", str(tmp_path / "o"), "--trt")
+    assert (rc, len(lines)) == (2, 1)
+    assert err.startswith(PREFIX + "--trt: ") and "pip install tensorrt" in err and "drop --trt" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_export_failures_carry_the_subcommand_prefix(tmp_path):
+    rc, err, _ = export(tmp_path, "--out", str(tmp_path / "o"))
+    assert rc == 2 and err.startswith(PREFIX) and "no-model" in err
+
+
+@pytest.mark.parametrize("folder", ["default-draft", "my exports/d"])
+def test_missing_export_folder_hint_is_a_valid_command(tmp_path, folder):
+    with pytest.raises(ManifestError, match="does not exist") as e:
+        load_manifest(tmp_path / folder)
+    command = shlex.split(str(e.value).split("`")[1])
+    assert command[:2] == ["rapid", "export"]
+    args = build_parser().parse_args(command[1:])
+    assert (args.cmd, args.out) == ("export", str(tmp_path / folder))
