@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rapid.core.errors import RapidError
+from rapid.core.manifest import is_export_dir
 from rapid.wheels import (
     PINS_FILE,
     ModelFetchError,
@@ -257,10 +258,11 @@ def _unloadable(source: str, what: str, e: Exception) -> ModelSourceError:
 
 
 def load_tokenizer(spec: str | Path, fetch: bool = False) -> PreTrainedTokenizerBase:
-    """Resolve ``spec`` and load its tokenizer (ModelSourceError where transformers refuses it)."""
+    """Resolve ``spec`` and load its tokenizer; an export folder (``rapid.core.manifest``) holds
+    its own copy, so the edge needs no hub (ModelSourceError where transformers refuses it)."""
     from transformers import AutoTokenizer
 
-    source = resolve_model(spec, fetch=fetch)
+    source = str(Path(spec).expanduser()) if is_export_dir(Path(spec).expanduser()) else resolve_model(spec, fetch=fetch)
     try:
         return AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError, KeyError) as e:

@@ -36,6 +36,7 @@ import signal
 
 from rapid.core.auth import client_ssl_context, load_token
 from rapid.core.errors import OptionError, RapidError
+from rapid.core.procs import check_port_free
 from rapid.runtime.edge_config import BACKENDS, DEFAULT, EdgeConfig, HelpFormatter, add_edge_args
 from rapid.runtime.engine_pool import EdgeService
 from rapid.runtime.generate import open_edge_models
@@ -118,9 +119,13 @@ def _listen_address(args: argparse.Namespace) -> tuple[str, int]:
         if not h or not p.isdigit():
             raise RapidError(f"--listen wants HOST:PORT, got {args.listen!r}")
         host, port = h, int(p)
-    host, port = args.host or host, args.port or port
-    if not 1 <= port <= 65535:
-        raise OptionError(f"{'--port' if args.port else '--listen'} must name a port in [1, 65535], got {port}")
+    host = args.host if args.host is not None else host
+    port = args.port if args.port is not None else port
+    if not 1 <= port <= 65535:  # 0 too: uvicorn would pick a port no one is told
+        raise OptionError(f"{'--port' if args.port is not None else '--listen'} must name a port in [1, 65535], "
+                          f"got {port}")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host  # [::1]:8000
+    check_port_free(host, port)  # a busy port or a host not here: one line before the engines load
     return host, port
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from rapid.core.errors import OptionError
 from rapid.core.sampling import SamplingParams
 from rapid.export.fast_draft import FAST_DRAFT
+from rapid.runtime.caac import CAACConfig
 from rapid.runtime.policies import POLICIES
 from rapid.runtime.tree import AUTO_BUDGET_CAP, AUTO_BUDGET_MIN, TreeParams
 
@@ -76,6 +77,9 @@ def _opt(default: Any, group: str, help: str, *flags: str, type: Callable | None
          choices: tuple[str, ...] | None = None) -> Any:
     return field(default=default, metadata={"group": group, "help": help, "flags": flags, "type": type,
                                             "choices": choices})
+
+
+MAX_DEPTH = CAACConfig().max_depth  # the deepest tree any depth controller plans (--depth: fixed, or CAAC's start)
 
 
 @dataclass(slots=True, frozen=True)
@@ -153,7 +157,8 @@ class EdgeConfig:
                  ("top_p", 0 < self.top_p <= 1, "in (0, 1]"), ("min_p", 0 <= self.min_p < 1, "in [0, 1)"),
                  ("lookup", self.lookup >= 0, ">= 0"), ("branch_decay", 0 < self.branch_decay <= 1, "in (0, 1]"),
                  ("seed", 0 <= self.seed < 2**63, "in [0, 2**63)"),
-                 *((name, getattr(self, name) >= 1, ">= 1") for name in ("depth", "topk", "width", "branch_roots")))
+                 ("depth", 1 <= self.depth <= MAX_DEPTH, f"in [1, {MAX_DEPTH}]"),
+                 *((name, getattr(self, name) >= 1, ">= 1") for name in ("topk", "width", "branch_roots")))
         for name, ok, rule in rules:
             if not ok:
                 flag = (_FIELDS[name].metadata["flags"] or (f"--{name.replace('_', '-')}",))[0]

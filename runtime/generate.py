@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rapid.core.auth import client_ssl_context, load_token
-from rapid.core.manifest import is_export_dir
+from rapid.core.errors import OptionError
 from rapid.core.vocab import fingerprint
 from rapid.engines.select import open_engine, share_engine
 from rapid.export.fast_draft import FAST_DRAFT, resolve_draft
@@ -36,12 +36,7 @@ def open_edge_model(draft: str = DEFAULT.draft, engine: str = DEFAULT.engine, ca
     if draft == FAST_DRAFT:
         draft = resolve_draft(draft)
     eng = open_engine(engine, draft, capacity=capacity, threads=threads)
-    if is_export_dir(draft):  # the export copied the tokenizer: no hub needed on the edge
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(draft)
-    else:
-        tok = load_tokenizer(draft)
+    tok = load_tokenizer(draft)  # an export folder holds its own copy: no hub needed on the edge
     stop = set(eng.info.eos_token_ids)
     if getattr(tok, "eos_token_id", None) is not None:
         stop.add(tok.eos_token_id)
@@ -74,8 +69,21 @@ def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> list[int]:
     return list(tokenizer(prompt)["input_ids"])
 
 
+def _check_trace(path: str | None) -> None:
+    """Open ``--trace`` for appending now (it is appended to after the generation), so a folder
+    that does not exist, a folder given as the file or a read-only place is one line before any
+    model loads, not a traceback after the whole generation."""
+    if path:
+        try:
+            with open(path, "a", encoding="utf-8"):
+                pass
+        except OSError as e:
+            raise OptionError(f"--trace: cannot write {path} ({e.strerror or e})") from None
+
+
 def run_generate(args) -> int:
     config = EdgeConfig.of(args)  # before any model loads: a bad option or token file fails at once
+    _check_trace(args.trace)
     token = load_token(args.token_file)
     ssl = client_ssl_context(args.cloud, args.cafile)
     edge = open_edge_model(args.draft, args.engine, args.capacity, args.threads)

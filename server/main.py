@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import socket
 
 from rapid.core.auth import load_token, server_ssl_context
 from rapid.core.device import choose_device
 from rapid.core.errors import RapidError
 from rapid.core.precision import choose_dtype, cpu_flags
+from rapid.core.procs import check_port_free
 from rapid.core.vocab import fingerprint
 from rapid.engines import rowops
 from rapid.modeling import load_decoder
@@ -30,19 +30,6 @@ from rapid.server.verify_curve import (
 
 log = logging.getLogger("rapid.server")
 FLAT_PROBE_TOKENS = (1, 4, 8, 16, 32)  # the verify-curve points measured at start-up
-
-
-class PortInUseError(RapidError):
-    """The address ``rapid serve`` should listen on is taken."""
-
-
-def check_port_free(host: str, port: int) -> None:
-    """Bind and release ``host:port`` now, so a busy port is one line before minutes of loading."""
-    try:
-        with socket.create_server((host, port)):
-            pass
-    except OSError as e:
-        raise PortInUseError(f"cannot listen on {host}:{port} ({e.strerror or e}); is another server running?") from None
 
 
 def load_target(spec: str, dtype: str = "auto", threads: int = 1, device: str = "auto"):

@@ -20,6 +20,7 @@ import threading
 from rapid.core.auth import load_token
 from rapid.core.errors import RapidError
 from rapid.core.optional import import_optional
+from rapid.models import resolve_model
 from rapid.server.ray_replica import VerifierReplica
 from rapid.server.scale_config import ScaleOut, ingress_options, verifier_options
 from rapid.server.serve_config import DEFAULT, ServeConfig, VerifierSpec
@@ -60,7 +61,8 @@ def spec_from_options(options: dict) -> tuple[VerifierSpec, ScaleOut, dict]:
     remote = o["ray_address"] or os.environ.get("RAY_ADDRESS")  # replicas may then be on other nodes
     try:
         spec = ServeConfig.of({k: o[k] for k in (*VERIFIER_KEYS, "port")}).verifier()  # port: checked there too
-        scale = ScaleOut(replicas=o["replicas"] or o["min_replicas"] or 1, min_replicas=o["min_replicas"],
+        replicas = o["replicas"] if o["replicas"] is not None else o["min_replicas"] or 1  # 0 given: refused
+        scale = ScaleOut(replicas=replicas, min_replicas=o["min_replicas"],
                          max_replicas=o["max_replicas"], num_gpus=o["num_gpus_per_replica"],
                          num_cpus=o["num_cpus_per_replica"], ingress_replicas=o["ingress_replicas"],
                          target_sessions=o["target_sessions"], drain_s=o["drain"],
@@ -109,6 +111,8 @@ def run_ray_serve(options: dict) -> int:
     if token is None:
         log.warning("verifier runs WITHOUT authentication (no --token-file / RAPID_TOKEN): local use only")
     address = other["ray_address"] or os.environ.get("RAY_ADDRESS") or "local"  # local: a new cluster here
+    if address == "local":  # its replicas load the target from here: a bad --target is one line, not a
+        resolve_model(spec.target)  # failed deployment after Ray started (a remote cluster's nodes may differ)
     try:
         ray.init(address=address, ignore_reinit_error=True)
     except Exception as e:

@@ -75,8 +75,10 @@ class ScaleOut:
     hello_timeout_s: float = 10.0  # the ingress closes a connection that sends no first frame
 
     def __post_init__(self) -> None:
-        if self.replicas < 1 or self.ingress_replicas < 1 or self.target_sessions < 1:
-            raise ValueError(f"replicas, ingress replicas and target sessions must be >= 1: {self}")
+        for flag, value in (("--replicas", self.replicas), ("--ingress-replicas", self.ingress_replicas),
+                            ("--target-sessions", self.target_sessions)):
+            if value < 1:
+                raise ValueError(f"{flag} must be >= 1, got {value}")
         if (self.min_replicas is None) != (self.max_replicas is None):
             raise ValueError("autoscaling needs both --min-replicas and --max-replicas")
         if self.min_replicas is not None and not 0 <= self.min_replicas <= self.max_replicas or \

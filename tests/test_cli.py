@@ -73,6 +73,13 @@ def test_edge_commands_share_the_int4_draft_and_honest_flag_help(cmd):
     (("bench", "--profiles", "moon"), "unknown network profile 'moon'"),
     (("sim", "--traces", "/nonexistent", "--edges", "1,0"), "--edges wants counts >= 1"),
     (("sim", "--traces", "/nonexistent", "--policies", "rapd"), "unknown policy 'rapd'"),
+    (("generate", "x", "--depth", "9"), "--depth must be in [1, 8], got 9"),  # was CAAC's ValueError, loaded
+    (("edge", "--depth", "9"), "--depth must be in [1, 8], got 9"),
+    (("edge", "--port", "0"), "--port must name a port in [1, 65535], got 0"),  # was: listened on 8000
+    (("edge", "--listen", "999.9.9.9:8123"), "cannot listen on 999.9.9.9:8123"),  # was uvicorn's, after loading
+    (("generate", "x", "--trace", "/nonexistent/dir/t.jsonl"), "--trace: cannot write /nonexistent/dir/t.jsonl"),
+    (("serve", "--replicas", "0"), "--replicas must be >= 1, got 0"),  # was taken as 1
+    (("serve", "--replicas", "1", "--target", "/nonexistent/model"), "no such folder or file: /nonexistent/model"),
 ])
 def test_bad_input_is_one_line_before_any_model_loads(args, says):
     t0 = time.time()
@@ -88,6 +95,14 @@ def test_serve_on_a_busy_port_says_so_before_loading():
         r = rapid("serve", "--target", "default-target", "--port", str(port))
     assert r.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in r.stderr
     assert "loading target" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_edge_on_a_busy_port_says_so_before_loading():
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        r = rapid("edge", "--port", str(port))
+    assert r.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in r.stderr and "another server" in r.stderr
+    assert "engine: " not in r.stderr and "Traceback" not in r.stderr
 
 
 def test_serve_with_a_missing_target_says_so_before_loading():

@@ -43,14 +43,25 @@ def load_token(token_file: str | os.PathLike[str] | None = None, env: str = ENV_
 def _read_token(token_file: str | os.PathLike[str] | None, env: str) -> str | None:
     if token_file:
         try:
-            text = Path(token_file).read_text().strip()
+            text = Path(token_file).read_text(encoding="utf-8").strip()
         except OSError as e:
             raise AuthConfigError(f"cannot read token file {token_file}: {e}") from None
+        except UnicodeDecodeError:
+            raise AuthConfigError(f"token file {token_file} is not text: {_TOKEN_RULE}") from None
         if not text:
             raise AuthConfigError(f"token file {token_file} is empty")
-        return text.splitlines()[0].strip()
+        return _checked_token(text.splitlines()[0].strip(), f"token file {token_file}")
     token = os.environ.get(env, "").strip()
-    return token or None
+    return _checked_token(token, env) if token else None
+
+
+_TOKEN_RULE = "a token is one line of printable ASCII (it travels in an HTTP header)"
+
+
+def _checked_token(token: str, source: str) -> str:
+    if not (token.isascii() and token.isprintable()):
+        raise AuthConfigError(f"{source}: {_TOKEN_RULE}")
+    return token
 
 
 def bearer(token: str | None) -> dict[str, str]:

@@ -6,6 +6,7 @@ torch): the edge side can start and stop a cloud process too.
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import subprocess
@@ -15,6 +16,21 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from rapid.core.errors import RapidError
+
+
+class PortInUseError(RapidError):
+    """The address a server (``rapid serve``, ``rapid edge``) should listen on cannot be bound."""
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Bind and release ``host:port`` now, so a busy port (or a host this machine does not have)
+    is one line before minutes of loading."""
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        busy = "; is another server running?" if e.errno == errno.EADDRINUSE else ""
+        raise PortInUseError(f"cannot listen on {host}:{port} ({e.strerror or e}){busy}") from None
 
 
 def free_port() -> int:

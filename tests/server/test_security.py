@@ -14,6 +14,7 @@ import websockets
 from websockets.asyncio.client import connect
 
 from rapid.core.auth import (
+    AuthConfigError,
     bearer,
     check_authorization,
     check_authorization_headers,
@@ -61,6 +62,22 @@ def test_load_token(tmp_path, monkeypatch):
     f.write_text("\n")
     with pytest.raises(Exception, match="empty"):
         load_token(str(f))
+
+
+def test_a_token_that_cannot_travel_in_a_header_is_one_typed_line(tmp_path, monkeypatch):
+    """Random bytes (not UTF-8) or a non-ASCII token: AuthConfigError naming the source, not a
+    UnicodeDecodeError from the file or a header error at the first connection."""
+    monkeypatch.delenv("RAPID_TOKEN", raising=False)
+    f = tmp_path / "tok"
+    f.write_bytes(bytes(range(128, 256)))
+    with pytest.raises(AuthConfigError, match=f"token file {f} is not text: a token is one line of printable ASCII"):
+        load_token(str(f))
+    f.write_text("caf\u00e9\n", encoding="utf-8")
+    with pytest.raises(AuthConfigError, match="printable ASCII"):
+        load_token(str(f))
+    monkeypatch.setenv("RAPID_TOKEN", "tab\there")
+    with pytest.raises(AuthConfigError, match="RAPID_TOKEN: a token is one line of printable ASCII"):
+        load_token(None)
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer nope"}, {"Authorization": f"Basic {TOKEN}"}])
