@@ -4,7 +4,6 @@ acceptance replay. Pure data in, a ``Calibration`` out."""
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 from collections import defaultdict
@@ -12,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rapid.bench.edgellm_fit import fit_chain_branch, fit_confidence_cut
-from rapid.bench.report import read_jsonl
-from rapid.bench.traces import group_runs, run_key, with_previous
+from rapid.bench.gpu_profile import load_gpu_profile
+from rapid.bench.traces import group_runs, read_meta, read_rounds, read_runs, run_key, with_previous
 from rapid.runtime.cost_model import interpolate_sorted
 from rapid.runtime.tree import AUTO_BUDGET_CAP
 
@@ -144,14 +143,11 @@ def load_traces(folders: list[str | Path]) -> tuple[list[dict], list[dict], dict
     """Rounds, runs and the first folder's meta; the warm-up rounds of every folder, where
     recorded (``warmup.jsonl``), as ``meta["warmup_rounds"]``."""
     rounds, runs, meta, warmup = [], [], {}, []
-    for f in folders:
-        f = Path(f)
-        rounds += read_jsonl(f / "rounds.jsonl")
-        runs += read_jsonl(f / "runs.jsonl")
-        if (f / "meta.json").exists() and not meta:
-            meta = json.loads((f / "meta.json").read_text())
-        if (f / "warmup.jsonl").exists():
-            warmup += read_jsonl(f / "warmup.jsonl")
+    for f in map(Path, folders):  # every record checked: TraceError naming the file and line
+        rounds += read_rounds(f / "rounds.jsonl")
+        runs += read_runs(f / "runs.jsonl")
+        meta = meta or read_meta(f / "meta.json")
+        warmup += read_rounds(f / "warmup.jsonl")
     if warmup:
         meta = {**meta, "warmup_rounds": warmup}
     return rounds, runs, meta
@@ -197,9 +193,7 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
                                     for k, v in full.items() if len(v) >= 10}
     fit_cloud(cal, rounds, profiles)
     if gpu_profile:
-        g = json.loads(Path(gpu_profile).read_text())
-        pairs = sorted(zip(g["nodes"], g["seconds"], strict=True))
-        cal.gpu_profile = ([float(a) for a, _ in pairs], [float(b) for _, b in pairs])
+        cal.gpu_profile = load_gpu_profile(gpu_profile)
     by_run = group_runs(rounds)
     cal.startup_s = _startup(runs, by_run)
     nd: dict[int, list[int]] = defaultdict(list)

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
 
 from rapid.bench.contention import parse_schedule
+from rapid.bench.gpu_profile import load_gpu_profile
 from rapid.bench.netem import get_profile
-from rapid.bench.presets import NET_PROFILES, PRESETS
-from rapid.bench.prompts import default_prompt_dir
+from rapid.bench.presets import NET_PROFILES, PRESETS, net_profile, parse_presets
+from rapid.bench.prompts import default_prompt_dir, load_sets
 from rapid.bench.report import write_report
 from rapid.bench.runner import BENCH_TREE, BenchConfig, run_bench
-from rapid.bench.sim_report import run_sim_cli
+from rapid.bench.sim_report import check_traced_folder, run_sim_cli
 from rapid.bench.variants import variant_configs
 from rapid.core.errors import OptionError
 from rapid.runtime.edge_config import DEFAULT as EDGE_DEFAULT
-from rapid.runtime.edge_config import add_edge_args
+from rapid.runtime.edge_config import EdgeConfig, add_edge_args
 from rapid.runtime.policies import POLICIES, get_policy
 
 # 4 min on the default pair (2 cores): the sustained-load comparison only, short prompts and outputs
@@ -103,11 +105,14 @@ def bench_config(a: argparse.Namespace, out: Path) -> BenchConfig:
     def opt(name: str, cli_value):
         return cli_value if cli_value is not None else preset.get(name)
 
+    def names(flag: str, name: str, cli_value: str | None) -> list[str] | None:  # a flag given empty: refused
+        return _names(flag, cli_value) if cli_value is not None else _csv(preset.get(name))
+
     cfg = BenchConfig(
-        out=out, draft=draft, target=a.target, dtype=a.dtype, policies=_csv(opt("policies", a.policies)),
-        prompts_source=a.prompts, sets=_csv(opt("sets", a.sets)), n_prompts=opt("n_prompts", a.n_prompts),
+        out=out, draft=draft, target=a.target, dtype=a.dtype, policies=names("--policies", "policies", a.policies),
+        prompts_source=a.prompts, sets=names("--sets", "sets", a.sets), n_prompts=opt("n_prompts", a.n_prompts),
         token_budget=opt("token_budget", a.token_budget), max_new=opt("max_new", a.max_tokens),
-        schedules=_csv(opt("schedules", a.contention)), profiles=_csv(opt("profiles", a.profiles)),
+        schedules=names("--contention", "schedules", a.contention), profiles=names("--profiles", "profiles", a.profiles),
         repeats=opt("repeats", a.repeats),
         **{n: getattr(a, n) for n in BENCH_TREE}, edge_cpu=a.edge_cpu, cloud_cpu=a.cloud_cpu,
         net=a.net, seed=a.seed, temperature=a.temperature, top_p=a.top_p, engine=a.engine, smoke=a.smoke,
@@ -126,7 +131,9 @@ def bench_config(a: argparse.Namespace, out: Path) -> BenchConfig:
 
 
 def _check_run_options(cfg: BenchConfig) -> None:
-    """The run's own options (OptionError, one line): counts >= 1, every schedule and profile known."""
+    """The run's own options (OptionError, one line): counts >= 1, every schedule and profile known,
+    the sampling flags in range (the edge's rules); the ``--prompts`` file or folder readable
+    (PromptSetError, rapid.bench.prompts)."""
     for flag, value in (("--repeats", cfg.repeats), ("--max-tokens", cfg.max_new), ("--n-prompts", cfg.n_prompts),
                         ("--token-budget", cfg.token_budget)):
         if value is not None and value < 1:
@@ -135,12 +142,17 @@ def _check_run_options(cfg: BenchConfig) -> None:
         parse_schedule(spec)
     for name in cfg.profiles or []:
         get_profile(name)
+    EdgeConfig(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)  # --temperature, --top-p, --seed
+    if cfg.prompts_source is not None:
+        load_sets(cfg.prompts_source, cfg.sets)
 
 
 def main_bench(argv: list[str]) -> int:
     a = bench_parser().parse_args(argv)
     out = Path(a.out or f"bench-out/{time.strftime('%Y%m%d-%H%M%S')}")
     if a.report_only:
+        if not (out / "runs.jsonl").is_file():
+            raise OptionError(f"--report-only: no runs.jsonl in {out} (--out names a rapid bench output folder)")
         files = write_report(out)
         print("\n".join(str(p) for p in files.values()))
         return 0
@@ -188,22 +200,60 @@ def _counts(flag: str, text: str) -> list[int]:
     return values
 
 
+def _names(flag: str, text: str | None) -> list[str] | None:
+    """A comma list of names (``--policies a,b``) without empty ones, None when the flag is not
+    given; OptionError if it is given but names nothing."""
+    if text is None:
+        return None
+    names = _csv(text)
+    if not names:
+        raise OptionError(f"{flag} wants a comma list of names, got {text!r}")
+    return names
+
+
 def _check_sim_options(a: argparse.Namespace) -> None:
     """``rapid sim``'s options, one line each before any trace is read; ``--edges`` and
-    ``--replicas`` are parsed here once, into lists of counts."""
+    ``--replicas`` are parsed here once, into lists of counts, ``--policies``, ``--contention``
+    and ``--profiles`` into lists of names (None: the default), ``--preset`` into presets."""
     a.edges, a.replicas = _counts("--edges", a.edges), _counts("--replicas", a.replicas)
     for flag, value in (("--tokens", a.tokens), ("--seeds", a.seeds), ("--max-batch", a.max_batch)):
         if value < 1:
             raise OptionError(f"{flag} must be >= 1, got {value}")
-    if a.ingress_ms < 0:
-        raise OptionError(f"--ingress-ms must be >= 0, got {a.ingress_ms}")
-    for name in _csv(a.policies) or []:
+    if not (math.isfinite(a.ingress_ms) and a.ingress_ms >= 0):
+        raise OptionError(f"--ingress-ms must be a finite number >= 0, got {a.ingress_ms}")
+    _check_sim_lists(a)
+    for t in a.traces:  # each a bench output folder (its records are checked as they are read)
+        check_traced_folder(t)
+    if a.gpu_profile is not None:
+        load_gpu_profile(a.gpu_profile)
+
+
+def _check_sim_lists(a: argparse.Namespace) -> None:
+    """``--policies``, ``--contention``, ``--profiles`` into lists of known names (None: the
+    default), ``--preset`` into presets (None: the traced timing)."""
+    a.policies, a.contention, a.profiles = (_names(flag, getattr(a, flag[2:])) for flag in
+                                            ("--policies", "--contention", "--profiles"))
+    for name in a.policies or []:
         try:
             get_policy(name)
         except ValueError as e:
             raise OptionError(f"--policies: {e}") from None
-    for spec in _csv(a.contention) or []:
+    for spec in a.contention or []:
         parse_schedule(spec)
+    if a.preset is not None:
+        spec = a.preset
+        try:
+            a.preset = parse_presets(spec)
+        except ValueError as e:
+            raise OptionError(f"--preset: {e}") from None
+        if not a.preset:
+            raise OptionError(f"--preset wants all or a comma list of {', '.join(PRESETS)}, got {spec!r}")
+    for name in a.profiles or []:
+        try:
+            (net_profile if a.preset else get_profile)(name)
+        except OptionError as e:
+            raise OptionError(f"--profiles: {e}" + (f" (with --preset also {', '.join(NET_PROFILES)})"
+                                                    if a.preset else "")) from None
 
 
 def main_sim(argv: list[str]) -> int:

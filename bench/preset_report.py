@@ -11,7 +11,7 @@ from pathlib import Path
 from rapid.bench.calibration import Calibration
 from rapid.bench.contention import parse_schedule
 from rapid.bench.md_table import md_table
-from rapid.bench.presets import NET_PROFILES, SCHEDULES, apply_preset, net_profile, parse_presets
+from rapid.bench.presets import NET_PROFILES, SCHEDULES, apply_preset, net_profile
 from rapid.bench.sim import ORACLE, ORACLE_LOAD, simulate
 from rapid.runtime.policies import POLICIES
 
@@ -39,11 +39,11 @@ def cell_stats(policy, cal: Calibration, sched: str, prof: str, tokens: int, see
 
 def run_presets(a, cal_of: dict[str, Calibration], out: Path) -> dict:
     """Simulate every (preset, RTT, schedule, prompt set) cell for the oracles and ``pols``."""
-    pols = [p.strip() for p in a.policies.split(",")] if a.policies else default_policies()
-    profs = [p.strip() for p in a.profiles.split(",")] if a.profiles else list(NET_PROFILES)
-    scheds = [s.strip() for s in a.contention.split(",")] if a.contention else list(SCHEDULES)
+    pols = a.policies or default_policies()  # lists the command line parsed (bench.cli), None: the defaults
+    profs = a.profiles or list(NET_PROFILES)
+    scheds = a.contention or list(SCHEDULES)
     cells = []
-    for preset in parse_presets(a.preset):
+    for preset in a.preset:  # the presets the command line parsed
         for st, base in sorted(cal_of.items()):
             c = apply_preset(base, preset)
             for prof in profs:
@@ -53,7 +53,7 @@ def run_presets(a, cal_of: dict[str, Calibration], out: Path) -> dict:
                         row["stats"][name] = cell_stats(name if name in REFS else POLICIES[name], c, sched, prof,
                                                         a.tokens, a.seeds)
                     cells.append(row)
-    res = {"presets": [p.name for p in parse_presets(a.preset)], "policies": pols, "profiles": profs,
+    res = {"presets": [p.name for p in a.preset], "policies": pols, "profiles": profs,
            "schedules": scheds, "tokens": a.tokens, "seeds": a.seeds, "traces": [str(t) for t in a.traces],
            "cells": cells}
     out.mkdir(parents=True, exist_ok=True)

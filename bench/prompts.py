@@ -66,11 +66,10 @@ def load_sets(source: str | Path | None, names: list[str] | None = None) -> dict
         sets = {k: [Prompt(k, i, t) for i, t in v] for k, v in BUILTIN.items()}
     else:
         p = Path(source)
+        if not p.exists():
+            raise PromptSetError(f"--prompts {p}: no such file or folder")
         files = sorted(p.glob("*.json")) if p.is_dir() else [p]
-        sets = {}
-        for f in files:
-            rows = json.loads(f.read_text(encoding="utf-8"))
-            sets[f.stem] = [Prompt(f.stem, str(r[0]), _clean(str(r[1]))) for r in rows]
+        sets = {f.stem: _read_set(f) for f in files}
     if names and "humaneval" in names and "humaneval" not in sets:
         sets["humaneval"] = humaneval()
     if names:
@@ -81,6 +80,25 @@ def load_sets(source: str | Path | None, names: list[str] | None = None) -> dict
                                  "(pass --prompts FOLDER_OR_FILE)")
         sets = {n: sets[n] for n in names}
     return sets
+
+
+def _read_set(f: Path) -> list[Prompt]:
+    """One set's file: a JSON list of ``[id, prompt]`` pairs (the prompt a string), not empty;
+    else PromptSetError naming the file."""
+    shape = "a prompt set is a JSON list of [id, prompt] pairs"
+    try:
+        rows = json.loads(f.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise PromptSetError(f"cannot read prompt set {f}: {e.strerror or e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise PromptSetError(f"prompt set {f} is not JSON ({shape})") from None
+    if not isinstance(rows, list) or not rows:
+        got = "an empty list" if rows == [] else "an object" if isinstance(rows, dict) else json.dumps(rows)[:40]
+        raise PromptSetError(f"prompt set {f}: {shape}, got {got}")
+    for i, r in enumerate(rows):
+        if not (isinstance(r, list) and len(r) >= 2 and isinstance(r[1], str)):
+            raise PromptSetError(f"prompt set {f}: item {i} is not an [id, prompt] pair: {json.dumps(r)[:60]}")
+    return [Prompt(f.stem, str(r[0]), _clean(r[1])) for r in rows]
 
 
 def _clean(text: str) -> str:

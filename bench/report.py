@@ -4,7 +4,6 @@ and the plots."""
 from __future__ import annotations
 
 import csv
-import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -17,6 +16,7 @@ from rapid.bench.peer_report import ceiling_lines, peer_lines, peer_tok_s_lines
 from rapid.bench.plots import make_plots
 from rapid.bench.policy_targets import target_lines
 from rapid.bench.round_time import round_time_lines
+from rapid.bench.traces import read_jsonl, read_meta, read_rounds, read_runs
 from rapid.runtime.edge_config import DEFAULT as EDGE_DEFAULT
 
 METRICS = [  # (column, header)
@@ -31,12 +31,6 @@ METRICS = [  # (column, header)
     ("discarded_ratio", "discarded expansions"),
     ("mean_depth", "mean depth"),
 ]
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def quantile(xs: list[float], q: float) -> float:
@@ -175,9 +169,9 @@ def _sampling_text(cfg: dict) -> str:
 def write_report(folder: str | Path, plots: bool = True) -> dict[str, Path]:
     """Write summary.csv, report.md and the PNG plots into ``folder``; return the paths."""
     folder = Path(folder)
-    runs = read_jsonl(folder / "runs.jsonl")
-    rounds = read_jsonl(folder / "rounds.jsonl")
-    meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").exists() else {}
+    runs = read_runs(folder / "runs.jsonl")
+    rounds = read_rounds(folder / "rounds.jsonl")
+    meta = read_meta(folder / "meta.json")
     rows = aggregate(runs)
     rat = ratios(rows)
     files = {"summary": folder / "summary.csv", "report": folder / "report.md"}

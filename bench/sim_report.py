@@ -17,26 +17,30 @@ from rapid.bench.plots import _plt
 from rapid.bench.preset_report import default_policies, run_presets
 from rapid.bench.report import aggregate
 from rapid.bench.sim import ORACLE, ORACLE_LOAD, sim_tok_s, simulate
+from rapid.bench.traces import TraceError
+from rapid.core.errors import OptionError
 from rapid.runtime.policies import POLICIES
 
 
 def run_sim_cli(a) -> int:
-    per_run = [(Path(t).name, *load_traces([t])) for t in a.traces]  # (name, rounds, runs, meta), read once
+    per_run = [read_traced_folder(t) for t in a.traces]  # (name, rounds, runs, meta), read once
     rounds = [r for _, rs, _, _ in per_run for r in rs]
     runs = [r for _, _, us, _ in per_run for r in us]
     meta = next((m for *_, m in per_run if m), {})
     warmup = [r for *_, m in per_run for r in m.get("warmup_rounds", [])]  # every folder's warm-up
     meta = {**meta, "warmup_rounds": warmup} if warmup else meta
-    if not runs:
-        raise SystemExit(f"rapid sim: no runs.jsonl in {a.traces}")
     out = Path(a.out or Path(a.traces[0]) / "sim")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OptionError(f"cannot create the output folder {out} ({e.strerror or e}); --out names another") from None
     cal = calibrate(rounds, runs, meta, a.gpu_profile)
     traced_pols = sorted({r["policy"] for r in runs})
-    pols = [p.strip() for p in a.policies.split(",")] if a.policies else sorted(
+    # the lists of names the command line parsed (bench.cli), else the traced ones
+    pols = a.policies or sorted(
         {p for p in traced_pols if p in POLICIES and POLICIES[p].drafting} | set(default_policies()))
-    scheds = [s.strip() for s in a.contention.split(",")] if a.contention else sorted({r["schedule"] for r in runs})
-    profs = [p.strip() for p in a.profiles.split(",")] if a.profiles else sorted({r["profile"] for r in runs})
+    scheds = a.contention or sorted({r["schedule"] for r in runs})
+    profs = a.profiles or sorted({r["profile"] for r in runs})
     # every folder's schedules (the first meta alone lacks the others')
     sched_of = {n: Schedule(**d) for *_, m in per_run for n, d in m.get("schedules", {}).items()}
 
@@ -62,6 +66,29 @@ def run_sim_cli(a) -> int:
     _plot_scale(out, scale)
     print((out / "sim.md").read_text())
     return 0
+
+
+def check_traced_folder(folder: str | Path) -> Path:
+    """A ``--traces`` folder holding ``runs.jsonl`` and ``rounds.jsonl`` (a ``rapid bench``
+    output), else ``OptionError``."""
+    f = Path(folder)
+    if not f.is_dir():
+        raise OptionError(f"--traces {f}: no such folder")
+    for name in ("runs.jsonl", "rounds.jsonl"):
+        if not (f / name).is_file():
+            raise OptionError(f"--traces {f}: no {name} file there (not a rapid bench output folder)")
+    return f
+
+
+def read_traced_folder(folder: str | Path) -> tuple[str, list[dict], list[dict], dict]:
+    """One ``--traces`` folder: (name, rounds, runs, meta); ``TraceError`` (rapid.bench.traces)
+    where a record is malformed or there are no runs or no rounds."""
+    f = check_traced_folder(folder)
+    rounds, runs, meta = load_traces([f])
+    for name, records in (("runs", runs), ("rounds", rounds)):
+        if not records:
+            raise TraceError(f"no {name} in {f / (name + '.jsonl')}: nothing to calibrate from")
+    return f.name, rounds, runs, meta
 
 
 def _validation(per_run: list, cal, sch, seeds: int) -> list[dict]:

@@ -1,11 +1,113 @@
 """A bench folder's round traces (``rounds.jsonl``) by generation: one run is one policy's
 generation of one prompt, in one profile, schedule and repeat; its rounds walked in order, each
-with the round before it (what that round's proactive branch left to this one)."""
+with the round before it (what that round's proactive branch left to this one). Reading a
+trace file checks each record is a JSON object with the fields ``rapid sim`` and the report
+read (``TraceError`` naming the file and line otherwise)."""
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from rapid.core.errors import RapidError
+
+_NUM: tuple[type, ...] = (int, float)
+_NUM_OR_NULL: tuple[type, ...] = (int, float, type(None))
+_TEXT: tuple[type, ...] = (str,)
+# the fields a record must have (name -> the JSON types allowed), checked on every line
+ROUND_FIELDS: dict[str, tuple[type, ...]] = {
+    "round": _NUM, "policy": _TEXT, "depth": _NUM, "accepted": _NUM, "draft_steps": _NUM, "draft_s": _NUM,
+    "tree_nodes": _NUM, "t_start": _NUM, "t_end": _NUM}
+RUN_FIELDS: dict[str, tuple[type, ...]] = {
+    "policy": _TEXT, "profile": _TEXT, "schedule": _TEXT, "set": _TEXT, "tokens": _NUM, "tokens_per_s": _NUM,
+    "per_token_s": _NUM, "wall_s": _NUM, **dict.fromkeys(
+        ("mean_accepted", "tokens_per_call", "hit_rate", "interrupts", "discarded_ratio", "mean_depth"),
+        _NUM_OR_NULL)}
+# ... and the numbers a round may have (checked where present)
+ROUND_NUMBERS = ("verify_s", "cloud_s", "load", "emitted", "reused_depth", "prefill_s", "lookup_depth")
+_JSON_NAMES = {bool: "a boolean", str: "a string", list: "an array", dict: "an object", type(None): "null"}
+
+
+class TraceError(RapidError):
+    """A bench output file (``rounds.jsonl``, ``runs.jsonl``, ``meta.json``) cannot be read, is
+    not JSON, or holds a record without a field the calibration or the report reads."""
+
+
+def read_jsonl(path: Path, fields: Mapping[str, tuple[type, ...]] | None = None,
+               numbers: tuple[str, ...] = ()) -> list[dict]:
+    """The records of a JSON-lines file ([] if there is none): each a JSON object with ``fields``
+    (name -> allowed types) and, where present, ``numbers`` numeric; else ``TraceError`` naming
+    the file and the line."""
+    if not path.exists():
+        return []
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError as e:
+        raise TraceError(f"cannot read {path}: {e.strerror or e}") from None
+    out = []
+    for n, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            rec = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise TraceError(f"{path} line {n}: not UTF-8 text") from None
+        except json.JSONDecodeError as e:
+            raise TraceError(f"{path} line {n}: not JSON ({e.msg})") from None
+        _check_record(rec, f"{path} line {n}", fields or {}, numbers)
+        out.append(rec)
+    return out
+
+
+def read_rounds(path: Path) -> list[dict]:
+    """A ``rounds.jsonl`` (or ``warmup.jsonl``), every record checked (``read_jsonl``)."""
+    return read_jsonl(path, ROUND_FIELDS, ROUND_NUMBERS)
+
+
+def read_runs(path: Path) -> list[dict]:
+    """A ``runs.jsonl``, every record checked (``read_jsonl``)."""
+    return read_jsonl(path, RUN_FIELDS)
+
+
+def _check_record(rec: object, where: str, fields: Mapping[str, tuple[type, ...]], numbers: tuple[str, ...]) -> None:
+    if not isinstance(rec, dict):
+        raise TraceError(f"{where}: a record must be a JSON object, got {_json_name(rec)}")
+    for name, kinds in fields.items():
+        if name not in rec:
+            raise TraceError(f"{where}: the record has no {name!r} field")
+        _check_type(rec[name], kinds, f"{where}: {name!r}")
+    for name in numbers:
+        if name in rec:
+            _check_type(rec[name], _NUM, f"{where}: {name!r}")
+
+
+def _check_type(value: object, kinds: tuple[type, ...], what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, kinds):  # a JSON true/false is no number
+        want = "text" if kinds == _TEXT else "a number or null" if kinds == _NUM_OR_NULL else "a number"
+        raise TraceError(f"{what} must be {want}, got {_json_name(value)}")
+
+
+def _json_name(value: object) -> str:
+    return _JSON_NAMES.get(type(value), "a number")
+
+
+def read_meta(path: Path) -> dict:
+    """A bench folder's ``meta.json`` ({} if there is none): a JSON object, else ``TraceError``."""
+    if not path.exists():
+        return {}
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise TraceError(f"cannot read {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}: not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise TraceError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(meta, dict):
+        raise TraceError(f"{path}: must hold a JSON object, got {_json_name(meta)}")
+    return meta
 
 
 def run_key(r: dict) -> tuple:
