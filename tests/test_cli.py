@@ -79,6 +79,7 @@ def test_edge_commands_share_the_int4_draft_and_honest_flag_help(cmd):
     (("edge", "--listen", "999.9.9.9:8123"), "cannot listen on 999.9.9.9:8123"),  # was uvicorn's, after loading
     (("generate", "x", "--trace", "/nonexistent/dir/t.jsonl"), "--trace: cannot write /nonexistent/dir/t.jsonl"),
     (("serve", "--replicas", "0"), "--replicas must be >= 1, got 0"),  # was taken as 1
+    (("bench", "--out", "/etc/passwd", "--sets", "c4"), "cannot create the output folder /etc/passwd"),
     (("serve", "--replicas", "1", "--target", "/nonexistent/model"), "no such folder or file: /nonexistent/model"),
 ])
 def test_bad_input_is_one_line_before_any_model_loads(args, says):

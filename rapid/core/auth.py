@@ -55,11 +55,17 @@ def _read_token(token_file: str | os.PathLike[str] | None, env: str) -> str | No
     return _checked_token(token, env) if token else None
 
 
-_TOKEN_RULE = "a token is one line of printable ASCII (it travels in an HTTP header)"
+_TOKEN_RULE = "a token is one line of printable Latin-1 text (it travels in an HTTP header)"
 
 
 def _checked_token(token: str, source: str) -> str:
-    if not (token.isascii() and token.isprintable()):
+    """``token`` if an HTTP header can carry it (websockets writes headers as Latin-1), else
+    AuthConfigError naming ``source``, before anything connects."""
+    try:
+        token.encode("latin-1")
+    except UnicodeEncodeError:
+        raise AuthConfigError(f"{source}: {_TOKEN_RULE}") from None
+    if not token.isprintable():
         raise AuthConfigError(f"{source}: {_TOKEN_RULE}")
     return token
 

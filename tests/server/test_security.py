@@ -65,18 +65,21 @@ def test_load_token(tmp_path, monkeypatch):
 
 
 def test_a_token_that_cannot_travel_in_a_header_is_one_typed_line(tmp_path, monkeypatch):
-    """Random bytes (not UTF-8) or a non-ASCII token: AuthConfigError naming the source, not a
-    UnicodeDecodeError from the file or a header error at the first connection."""
+    """Random bytes (not UTF-8), a token outside Latin-1 (an HTTP header's charset) or with a
+    control character: AuthConfigError naming the source, not a UnicodeDecodeError from the file
+    or an encoding error at the first connection. Latin-1 letters pass."""
     monkeypatch.delenv("RAPID_TOKEN", raising=False)
     f = tmp_path / "tok"
     f.write_bytes(bytes(range(128, 256)))
-    with pytest.raises(AuthConfigError, match=f"token file {f} is not text: a token is one line of printable ASCII"):
+    with pytest.raises(AuthConfigError, match=f"token file {f} is not text: a token is one line of printable Latin-1"):
+        load_token(str(f))
+    f.write_text("price-\u20ac5\n", encoding="utf-8")
+    with pytest.raises(AuthConfigError, match="printable Latin-1"):
         load_token(str(f))
     f.write_text("caf\u00e9\n", encoding="utf-8")
-    with pytest.raises(AuthConfigError, match="printable ASCII"):
-        load_token(str(f))
+    assert load_token(str(f)) == "caf\u00e9"
     monkeypatch.setenv("RAPID_TOKEN", "tab\there")
-    with pytest.raises(AuthConfigError, match="RAPID_TOKEN: a token is one line of printable ASCII"):
+    with pytest.raises(AuthConfigError, match="RAPID_TOKEN: a token is one line of printable Latin-1"):
         load_token(None)
 
 
