@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         build_trt(args.export_dir, args.out, fp16=args.fp16, max_context=args.max_context,
                   max_tree=args.max_tree, workspace_gb=args.workspace_gb, prefill_chunk=args.prefill_chunk)
     except RapidError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"{ap.prog}: error: {e}", file=sys.stderr)
         return 2
     return 0
 

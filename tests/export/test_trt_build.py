@@ -172,7 +172,7 @@ def test_a_precision_the_graph_does_not_have_is_refused(exports, builder, capsys
         build_trt(exports["fp16"], fp16=False)
     assert "network" not in builder  # refused before anything was built
     assert main([str(exports["fp16"]), "--fp32"]) == 2
-    assert capsys.readouterr().err.startswith("error: ")
+    assert capsys.readouterr().err.startswith("rapid-trt-build: error: ")  # as every rapid command
 
 
 def test_the_exports_keep_norms_rope_and_softmax_in_fp32(exports):
