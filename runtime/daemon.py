@@ -119,7 +119,7 @@ def _listen_address(args: argparse.Namespace) -> tuple[str, int]:
         if not h or not p.isdigit():
             raise RapidError(f"--listen wants HOST:PORT, got {args.listen!r}")
         host, port = h, int(p)
-    host = args.host if args.host is not None else host
+    host = args.host or host
     port = args.port if args.port is not None else port
     if not 1 <= port <= 65535:  # 0 too: uvicorn would pick a port no one is told
         raise OptionError(f"{'--port' if args.port is not None else '--listen'} must name a port in [1, 65535], "
