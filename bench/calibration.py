@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rapid.bench.edgellm_fit import fit_chain_branch, fit_confidence_cut
 from rapid.bench.gpu_profile import load_gpu_profile
+from rapid.bench.positions import bits_by_position, chains_by_position, rounds_at, sent_levels
 from rapid.bench.traces import group_runs, read_meta, read_rounds, read_runs, run_key, with_previous
 from rapid.runtime.cost_model import interpolate_sorted
 from rapid.runtime.tree import AUTO_BUDGET_CAP
@@ -282,12 +283,13 @@ def fit_acceptance(cal: Calibration, rounds: list[dict], seed: int = 0) -> Calib
 
     A round that accepted ``a`` of the ``L`` levels it sent (``tree_depth``; ``depth`` in traces
     without it) gives ``a`` ones and, if ``a < L``, a zero; a fully accepted round's next bit is
-    drawn with the per-token acceptance. A round's prompt-lookup chain (``lookup_depth`` levels;
+    drawn with how often rounds that sent a level at that position of that prompt had it accepted
+    (``rapid.bench.positions``), or where none did with the per-token acceptance. A round's prompt-lookup chain (``lookup_depth`` levels;
     in traces without it, the levels sent where they pass the drafted ones) records its reach at
     the round's start, counting down along its accepted run, or the longer chain a round that
-    drafted nothing sent from the same position of the same prompt (``_chains_by_position``): a
+    drafted nothing sent from the same position of the same prompt (``rapid.bench.positions``): a
     simulated round that drafts nothing sends that chain."""
-    sent = [(r, _sent_levels(r)) for r in rounds if r.get("depth", 0) > 0]
+    sent = [(r, sent_levels(r)) for r in rounds if r.get("depth", 0) > 0]
     ones = sum(min(r["accepted"], n) for r, n in sent)
     zeros = sum(1 for r, n in sent if r["accepted"] < n)
     cal.p_accept = ones / max(ones + zeros, 1) if ones + zeros else 0.6
@@ -295,15 +297,18 @@ def fit_acceptance(cal: Calibration, rounds: list[dict], seed: int = 0) -> Calib
     bits: list[int] = []
     reach: list[int] = []
     by_run = group_runs(rounds)
-    chains = _chains_by_position(by_run)
-    for (r, kept), at in zip(_in_order(by_run), _positions(by_run), strict=True):
+    chains, seen = chains_by_position(by_run), bits_by_position(by_run)
+    for (r, kept), (_, at) in zip(_in_order(by_run), rounds_at(by_run), strict=True):
         if r.get("depth", 0) <= 0:
             continue
-        n = _sent_levels(r)
+        n = sent_levels(r)
         a = min(r["accepted"], n)
         lookup = _chain_levels(r, n, kept)
-        here = chains.get((r.get("set"), r.get("prompt_id")), {})
-        bits += [1] * a + [0 if a < n else int(rng.random() < cal.p_accept)]
+        key = (r.get("set"), r.get("prompt_id"))
+        here = chains.get(key, {})
+        ones_zeros = seen.get(key, {}).get(at + a)
+        p_next = ones_zeros[0] / sum(ones_zeros) if ones_zeros else cal.p_accept
+        bits += [1] * a + [0 if a < n else int(rng.random() < p_next)]
         reach += [max(lookup - j, here.get(at + j, 0), 0) for j in range(a + 1)]
     cal.match_bits, cal.lookup_reach = (bits, reach) if bits else ([1, 1, 0], [])
     cal.levels_by_policy = _levels_by_policy(by_run)
@@ -318,45 +323,12 @@ def fit_acceptance(cal: Calibration, rounds: list[dict], seed: int = 0) -> Calib
     return cal
 
 
-def _positions(by_run: dict[tuple, list[dict]]):
-    """Where each round of ``_in_order`` starts in its generation (tokens emitted before it)."""
-    for rs in by_run.values():
-        at = 0
-        for r in sorted(rs, key=lambda x: x["round"]):
-            yield at
-            at += int(r.get("emitted", r["accepted"] + 1))
-
-
-def _chains_by_position(by_run: dict[tuple, list[dict]]) -> dict[tuple, dict[int, int]]:
-    """{(set, prompt): {position: levels}}: the prompt-lookup chains that rounds which drafted
-    nothing (``rapid-cost`` at depth 0) sent, alone and whole, by where they started in the
-    generation, counting down along the accepted run. Every policy emits the target's tokens, so
-    such a chain is offered at that position of that prompt whatever the policy. The replay's
-    bits come from drafting rounds only; without this those chains were never replayed, and on
-    oasst (copy rounds) the simulated ``rapid-cost`` was 28-38 % slow (a chain where the traced
-    run had one in about half its rounds)."""
-    out: dict[tuple, dict[int, int]] = defaultdict(dict)
-    for (r, _), at in zip(_in_order(by_run), _positions(by_run), strict=True):
-        if r.get("depth", 0) > 0:
-            continue
-        lookup = int(r.get("lookup_depth", r.get("tree_depth") or 0))  # its tree is the chain alone
-        here = out[(r.get("set"), r.get("prompt_id"))]
-        for j in range(min(r["accepted"], lookup) + 1):
-            here[at + j] = max(here.get(at + j, 0), lookup - j)
-    return out
-
-
 def _chain_levels(r: dict, sent: int, kept: int) -> int:
     """Levels the round's prompt-lookup chain offered: traced, or (older traces) the ``sent``
     levels where they pass the drafted and ``kept`` ones, else 0."""
     if "lookup_depth" in r:
         return int(r["lookup_depth"])
     return sent if sent > r.get("draft_steps", 0) + kept else 0
-
-
-def _sent_levels(r: dict) -> int:
-    """Levels of the tree a round sent (its accepted length never exceeds them)."""
-    return max(int(r.get("tree_depth") or r["depth"]), r["accepted"], 1)
 
 
 def _steps_by_policy(by_run: dict[tuple, list[dict]]) -> dict[str, dict[int, float]]:

@@ -88,6 +88,20 @@ def test_a_chain_sent_alone_is_replayed_where_it_was_found_for_every_policy(cal)
     assert not any(elsewhere.lookup_reach)
 
 
+def test_the_bit_after_a_whole_tree_is_read_where_another_round_saw_it(cal):
+    """A depth-1 tree accepted whole says nothing of the next position; a depth-3 tree on the same
+    prompt (another policy: every one emits the same tokens) was rejected there. The replay takes
+    that rejection instead of drawing the next bit with the pooled acceptance (~0.95 here, so
+    nearly always a 1); on a prompt nothing else covered, it still draws."""
+    deep = [_row(0, depth=3, steps=3, tree_depth=3, accepted=1, emitted=2)]
+    whole = [_row(0, "rapid", depth=1, steps=1, tree_depth=1, accepted=1, emitted=2, repeat=k) for k in range(20)]
+    fit = fit_acceptance(replace(cal), deep + whole)
+    assert fit.match_bits[:2] == [1, 0] and fit.match_bits[2::2] == [1] * 20
+    assert fit.match_bits[3::2] == [0] * 20  # seen rejected at position 1 of prompt 0
+    drawn = fit_acceptance(replace(cal), deep + [dict(r, prompt_id="1") for r in whole])
+    assert sum(drawn.match_bits[3::2]) >= 15  # nothing seen there: drawn at ~0.95
+
+
 def test_draft_steps_follow_the_traces(cal):
     """Depth-4 rounds that ran 3 steps (level 1 free): the simulator drafts 3 a round, not 4."""
     fit = fit_acceptance(replace(cal), [_row(i, steps=3, tree_depth=4, accepted=1) for i in range(30)])
