@@ -33,8 +33,9 @@ from rapid.bench import netem
 from rapid.bench.contention import LoadProcess, Schedule, load_device_for, parse_schedule, pin
 from rapid.bench.peers import PEERS, run_peers
 from rapid.bench.prompts import load_sets, pick, truncate_ids
+from rapid.bench.traces import make_output_folder
 from rapid.bench.variants import TREE_OPTIONS, variant_configs
-from rapid.core.errors import OptionError, RapidError
+from rapid.core.errors import RapidError
 from rapid.core.manifest import is_export_dir, load_manifest
 from rapid.core.precision import choose_dtype, cpu_flags
 from rapid.core.procs import free_port, start_listening, stop_server
@@ -136,11 +137,7 @@ def run_bench(cfg: BenchConfig) -> Path:
     """Run the matrix; write the output folder; return it."""
     from tqdm import tqdm
 
-    out = Path(cfg.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:  # a file of that name, a read-only place: before any model loads
-        raise OptionError(f"cannot create the output folder {out} ({e.strerror or e}); --out names another") from None
+    out = make_output_folder(Path(cfg.out))  # before any model loads
     for name in ("rounds.jsonl", "runs.jsonl", "peers.jsonl", "warmup.jsonl"):  # appended to below
         (out / name).unlink(missing_ok=True)
     m = _Matrix.of(cfg)

@@ -17,7 +17,7 @@ from rapid.bench.plots import _plt
 from rapid.bench.preset_report import default_policies, run_presets
 from rapid.bench.report import aggregate
 from rapid.bench.sim import ORACLE, ORACLE_LOAD, sim_tok_s, simulate
-from rapid.bench.traces import TraceError
+from rapid.bench.traces import TraceError, make_output_folder
 from rapid.core.errors import OptionError
 from rapid.runtime.policies import POLICIES
 
@@ -29,11 +29,7 @@ def run_sim_cli(a) -> int:
     meta = next((m for *_, m in per_run if m), {})
     warmup = [r for *_, m in per_run for r in m.get("warmup_rounds", [])]  # every folder's warm-up
     meta = {**meta, "warmup_rounds": warmup} if warmup else meta
-    out = Path(a.out or Path(a.traces[0]) / "sim")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OptionError(f"cannot create the output folder {out} ({e.strerror or e}); --out names another") from None
+    out = make_output_folder(Path(a.out or Path(a.traces[0]) / "sim"))
     cal = calibrate(rounds, runs, meta, a.gpu_profile)
     traced_pols = sorted({r["policy"] for r in runs})
     # the lists of names the command line parsed (bench.cli), else the traced ones

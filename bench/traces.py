@@ -2,7 +2,8 @@
 generation of one prompt, in one profile, schedule and repeat; its rounds walked in order, each
 with the round before it (what that round's proactive branch left to this one). Reading a
 trace file checks each record is a JSON object with the fields ``rapid sim`` and the report
-read (``TraceError`` naming the file and line otherwise)."""
+read (``TraceError`` naming the file and line otherwise); ``make_output_folder`` creates the
+folder a bench or sim run writes (``--out``), one line if it cannot."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from rapid.core.errors import RapidError
+from rapid.core.errors import OptionError, RapidError
 
 _NUM: tuple[type, ...] = (int, float)
 _NUM_OR_NULL: tuple[type, ...] = (int, float, type(None))
@@ -91,6 +92,16 @@ def _check_type(value: object, kinds: tuple[type, ...], what: str) -> None:
 
 def _json_name(value: object) -> str:
     return _JSON_NAMES.get(type(value), "a number")
+
+
+def make_output_folder(out: Path) -> Path:
+    """Create a bench or sim output folder (``--out``) now, before anything is read or loaded;
+    OptionError if it cannot be (a file of that name, a read-only place)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OptionError(f"cannot create the output folder {out} ({e.strerror or e}); --out names another") from None
+    return out
 
 
 def read_meta(path: Path) -> dict:
