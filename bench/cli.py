@@ -43,6 +43,10 @@ SMOKE = dict(policies="fixed,npdg,rapid", sets="c4", n_prompts=1, token_budget=3
              schedules="none,sustained", profiles="lan", repeats=3)
 
 
+# rapid sim --tokens above this would run for hours (each simulated round walks the replay)
+MAX_SIM_TOKENS = 8192
+
+
 def _csv(s: str | None) -> list[str] | None:
     return [x.strip() for x in s.split(",") if x.strip()] if s else None
 
@@ -178,7 +182,7 @@ def sim_parser() -> argparse.ArgumentParser:
     ap.add_argument("--policies", help="comma list (default: every drafting policy in POLICIES)")
     ap.add_argument("--contention", help="comma list of schedules to simulate (default: the traced ones)")
     ap.add_argument("--profiles", help="comma list of network profiles (default: the traced ones)")
-    ap.add_argument("--tokens", type=int, default=256, help="tokens per simulated generation")
+    ap.add_argument("--tokens", type=int, default=256, help=f"tokens per simulated generation (1..{MAX_SIM_TOKENS})")
     ap.add_argument("--seeds", type=int, default=5, help="simulated generations per cell (seeds 0..n-1)")
     ap.add_argument("--edges", default="1,4,16,64,256", help="comma list of edge counts for the scale study")
     ap.add_argument("--max-batch", type=int, default=64)
@@ -219,6 +223,8 @@ def _check_sim_options(a: argparse.Namespace) -> None:
     for flag, value in (("--tokens", a.tokens), ("--seeds", a.seeds), ("--max-batch", a.max_batch)):
         if value < 1:
             raise OptionError(f"{flag} must be >= 1, got {value}")
+    if a.tokens > MAX_SIM_TOKENS:  # the time grows with it: 256 tokens take ~20 s on 2 cores
+        raise OptionError(f"--tokens must be <= {MAX_SIM_TOKENS}, got {a.tokens}")
     if not (math.isfinite(a.ingress_ms) and a.ingress_ms >= 0):
         raise OptionError(f"--ingress-ms must be a finite number >= 0, got {a.ingress_ms}")
     _check_sim_lists(a)

@@ -26,8 +26,10 @@ RUN_FIELDS: dict[str, tuple[type, ...]] = {
     "per_token_s": _NUM, "wall_s": _NUM, **dict.fromkeys(
         ("mean_accepted", "tokens_per_call", "hit_rate", "interrupts", "discarded_ratio", "mean_depth"),
         _NUM_OR_NULL)}
-# ... and the numbers a round may have (checked where present)
-ROUND_NUMBERS = ("verify_s", "cloud_s", "load", "emitted", "reused_depth", "prefill_s", "lookup_depth")
+# ... and the fields a round may have (name -> the JSON types allowed, checked where present)
+ROUND_OPTIONAL: dict[str, tuple[type, ...]] = {
+    **dict.fromkeys(("verify_s", "cloud_s", "load", "emitted", "reused_depth", "prefill_s", "lookup_depth"), _NUM),
+    **dict.fromkeys(("profile", "schedule", "set", "prompt_id"), _TEXT)}
 _JSON_NAMES = {bool: "a boolean", str: "a string", list: "an array", dict: "an object", type(None): "null"}
 
 
@@ -37,9 +39,9 @@ class TraceError(RapidError):
 
 
 def read_jsonl(path: Path, fields: Mapping[str, tuple[type, ...]] | None = None,
-               numbers: tuple[str, ...] = ()) -> list[dict]:
+               optional: Mapping[str, tuple[type, ...]] | None = None) -> list[dict]:
     """The records of a JSON-lines file ([] if there is none): each a JSON object with ``fields``
-    (name -> allowed types) and, where present, ``numbers`` numeric; else ``TraceError`` naming
+    and, where present, ``optional`` (both name -> allowed types); else ``TraceError`` naming
     the file and the line."""
     if not path.exists():
         return []
@@ -57,14 +59,14 @@ def read_jsonl(path: Path, fields: Mapping[str, tuple[type, ...]] | None = None,
             raise TraceError(f"{path} line {n}: not UTF-8 text") from None
         except json.JSONDecodeError as e:
             raise TraceError(f"{path} line {n}: not JSON ({e.msg})") from None
-        _check_record(rec, f"{path} line {n}", fields or {}, numbers)
+        _check_record(rec, f"{path} line {n}", fields or {}, optional or {})
         out.append(rec)
     return out
 
 
 def read_rounds(path: Path) -> list[dict]:
     """A ``rounds.jsonl`` (or ``warmup.jsonl``), every record checked (``read_jsonl``)."""
-    return read_jsonl(path, ROUND_FIELDS, ROUND_NUMBERS)
+    return read_jsonl(path, ROUND_FIELDS, ROUND_OPTIONAL)
 
 
 def read_runs(path: Path) -> list[dict]:
@@ -72,16 +74,17 @@ def read_runs(path: Path) -> list[dict]:
     return read_jsonl(path, RUN_FIELDS)
 
 
-def _check_record(rec: object, where: str, fields: Mapping[str, tuple[type, ...]], numbers: tuple[str, ...]) -> None:
+def _check_record(rec: object, where: str, fields: Mapping[str, tuple[type, ...]],
+                  optional: Mapping[str, tuple[type, ...]]) -> None:
     if not isinstance(rec, dict):
         raise TraceError(f"{where}: a record must be a JSON object, got {_json_name(rec)}")
     for name, kinds in fields.items():
         if name not in rec:
             raise TraceError(f"{where}: the record has no {name!r} field")
         _check_type(rec[name], kinds, f"{where}: {name!r}")
-    for name in numbers:
+    for name, kinds in optional.items():
         if name in rec:
-            _check_type(rec[name], _NUM, f"{where}: {name!r}")
+            _check_type(rec[name], kinds, f"{where}: {name!r}")
 
 
 def _check_type(value: object, kinds: tuple[type, ...], what: str) -> None:
