@@ -54,7 +54,7 @@ from rapid.bench.calibration import Calibration
 from rapid.bench.contention import Schedule
 from rapid.bench.netem import NetProfile
 from rapid.bench.oracle_plan import plan_depth
-from rapid.bench.sim_branch import draw_count, run_branch
+from rapid.bench.sim_branch import draw_count, run_branch, run_catch_up
 from rapid.runtime.branch_gate import BranchGate
 from rapid.runtime.coordinator import CoordinatorConfig, controller_for
 from rapid.runtime.depth_control import observed_depth, round_depth
@@ -360,6 +360,8 @@ class _Cloud:
         if pol.proactive and pol.drafting and depth > 0 and (not e.oracle or hit):
             # a verdict inside the tree lands on a first-wave root, a fully accepted one on a leaf's
             end, kept = run_branch(e, t_send, t_arr, a, depth, (1 if full else 0) if hit else None)
+        elif pol.proactive and pol.drafting and not e.oracle and depth == 0 and e.res.depths[-1:] == [0]:
+            end = run_catch_up(e, t_send, t_arr)
         if pol.drafting:  # as the coordinator: the link's share of the wait = arrival - send - verify
             e.ctrl.observe_verdict(depth, round(p["nodes"]), p["verify_s"], t_arr - t_send - p["verify_s"], a, kept)
         sampled = observed_depth(depth, e.target - e.pos) if pol.drafting else max(depth, 1)  # as the coordinator

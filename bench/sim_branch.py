@@ -1,7 +1,9 @@
 """The simulator's proactive branch (``rapid.bench.sim``): what one round's branch costs and whether
 it is kept, drafted as the runtime drafts it. Interruptible policies ask the runtime's
 ``BranchGate`` before each step and stop at the first step boundary after the verdict; the others
-run their planned (or traced) steps whatever the verdict. ``e`` is the simulator's edge state.
+run their planned (or traced) steps whatever the verdict. A round that drafted nothing after
+another feeds its pending tokens in the wait instead (``run_catch_up``). ``e`` is the simulator's
+edge state.
 """
 
 from __future__ import annotations
@@ -66,3 +68,15 @@ def run_branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int |
         e.res.discarded += steps
     e.res.draft_steps += steps
     return max(t_arr, t), kept
+
+
+def run_catch_up(e, t_send: float, t_arr: float) -> float:
+    """A proactive policy's round that drafted nothing, after another such round (two tokens
+    pending): one one-token step from ``t_send`` if the runtime's ``BranchGate.fits`` says it ends
+    before the verdict, measured by the controller (``Coordinator._catch_up``). Returns when the
+    edge is free for the next round."""
+    if not e.gate.fits(0.0):
+        return t_arr
+    d = e.step_time(t_send) * e.cal.step_scale(1)
+    e.ctrl.observe_step(d, 1)
+    return max(t_arr, t_send + d)

@@ -99,6 +99,15 @@ class BranchGate:
             return True
         return elapsed_s + 2.0 * self.step_s <= self.cloud_s
 
+    def fits(self, elapsed_s: float) -> bool:
+        """Would a step begun ``elapsed_s`` seconds after the send end before the verdict? (True
+        while a cost is unknown.) A round that drafted nothing feeds its pending tokens in the
+        wait only then (``Coordinator._catch_up``): that work is never discarded, but where it runs
+        past the verdict it delays a next round that may draft nothing either."""
+        if self.cloud_s <= 0.0 or self.step_s <= 0.0:
+            return True
+        return elapsed_s + self.step_s <= self.cloud_s
+
     def start(self, elapsed_s: float, step: int = 1) -> bool:
         """Start branch step ``step`` (0 = the first) ``elapsed_s`` seconds after the send?
         (module docstring)"""

@@ -6,7 +6,8 @@ Round i:
         expand D_i to L_i levels (worker thread; the event loop never runs a draft step)
     t1  send D_i; if the policy is proactive, save the boundary and expand the branch D_{i+1}
         towards the depth the controller would choose if the branch guesses right (the
-        branch's root v* fixes the accepted length of that verdict: next_depth_if)
+        branch's root v* fixes the accepted length of that verdict: next_depth_if); where D_i
+        drafted nothing (depth 0), feed the pending tokens instead (one measured step)
     t2  after EACH branch step, once the engine reports it complete (StepHandle.ready(): the
         CUDA event on GPU backends; the drafter polls it), read the feedback flag the link sets
         on a verdict; interruptible policies stop there (no step starts after it), and start a
@@ -45,9 +46,8 @@ from rapid.core.wire import Hello
 from rapid.engines.base import DraftEngine
 from rapid.runtime.branch_gate import WAVES
 from rapid.runtime.budget import settle_cloud, settle_draft
-from rapid.runtime.caac import CAAC, CAACConfig, FixedDepth
+from rapid.runtime.controllers import CoordinatorConfig, controller_for
 from rapid.runtime.cost_caac import CostAwareCAAC
-from rapid.runtime.cost_model import CostConfig
 from rapid.runtime.depth_control import CAACDecision, DepthController, observed_depth, round_depth
 from rapid.runtime.drafter import Drafter
 from rapid.runtime.emitted import Emitted
@@ -66,14 +66,6 @@ class Generation:
     summary: Summary
     stopped: bool  # hit a stop token (else max_new)
     scores: list[TokenScore] = field(default_factory=list)  # per token, when logprobs were asked for
-
-
-@dataclass(slots=True)
-class CoordinatorConfig:
-    depth: int = 4  # fixed depth, and CAAC's initial/base depth
-    caac: CAACConfig = field(default_factory=CAACConfig)
-    cost: CostConfig = field(default_factory=CostConfig)  # the cost-aware policy's estimates
-    step_delay_s: float = 0.0  # injected per-step delay (tests, contention experiments)
 
 
 class _Halted(Exception):
@@ -158,6 +150,22 @@ class Coordinator:
             if d.roots.levels(d.tree) >= depth:
                 break
         return steps, None
+
+    def _catch_up(self, t_sent: float) -> float:
+        """A round that drafted nothing, while the cloud verifies: feed the pending tokens (one step,
+        ``Drafter.catch_up``) if it should end before the verdict (``BranchGate.fits``); its seconds
+        (0.0: none ran). Measured as any draft step, it keeps the controller's slowdown current
+        while it drafts nothing (else a lifted load is seen at the next probe, up to 32 rounds on)."""
+        if not self.gate.fits(self.clock() - t_sent):
+            return 0.0
+        rec = self.drafter.catch_up()
+        if rec is None:
+            return 0.0
+        try:
+            self._after_step(rec, "catch_up", 1)
+        except _Halted:
+            pass
+        return rec.seconds
 
     def _if_hit(self, depth: int, b_hat: float) -> Callable[[int], int]:
         """The branch's depth target given the accepted length of the verdict it guesses."""
@@ -302,13 +310,17 @@ class Coordinator:
         d, p = self.drafter, self.policy
         t_sent = self.clock()
         await self.link.send_tree(round_id, tokens, parents)
-        branch_task = None
+        branch_task = catch_task = None
         if p.proactive and p.drafting and d.levels > 0:  # (a tree that drafted nothing has no fed node)
             boundary = d.save_boundary()
             branch_task = self._spawn(self._branch, self.controller.next_depth(True).depth,
                                       self._if_hit(depth, decision.b_hat), t_sent)
+        elif p.proactive and p.drafting:  # it drafted nothing: the wait feeds what is pending instead
+            catch_task = self._spawn(self._catch_up, t_sent)
         verdict = await self.link.verdict(round_id)  # raises: _drain stops the branch first
         rec.cloud_s = self.link.arrival(round_id) - t_sent
+        if catch_task is not None:
+            rec.catch_up_s = await asyncio.shield(catch_task)
         if branch_task is not None:
             rec.proactive_steps, rec.interrupted_at = await asyncio.shield(branch_task)
             path = list(verdict.path)
@@ -381,16 +393,6 @@ def assemble(engine: DraftEngine, tree: TreeParams, stop_ids: Sequence[int], lin
     pol = get_policy(policy) if isinstance(policy, str) else policy
     return Coordinator(drafter, cloud, pol, config or CoordinatorConfig(depth=tree.depth), controller=controller,
                        **options)
-
-
-def controller_for(policy: Policy, config: CoordinatorConfig) -> DepthController:
-    """The depth controller a policy uses: CostAwareCAAC for a cost-aware policy, CAAC when it
-    adapts the depth, else FixedDepth."""
-    if policy.cost_aware:
-        return CostAwareCAAC(config.caac, initial_depth=config.depth, cost=config.cost)
-    if policy.adaptive_depth:
-        return CAAC(config.caac, initial_depth=config.depth)
-    return FixedDepth(config.depth, config.caac)
 
 
 def _fill_decision(rec: RoundRecord, dec: CAACDecision) -> None:

@@ -56,7 +56,7 @@ class DraftStateError(RapidError):
 class StepRecord:
     tokens: int  # T fed in this step
     seconds: float
-    phase: str  # "draft" | "leaf" | "branch" | "prefill"
+    phase: str  # "draft" | "leaf" | "branch" | "prefill" | "catch_up"
 
 
 @dataclass(slots=True)
@@ -169,6 +169,14 @@ class Drafter:
         self.prefix_len += n
         self.pending = self.pending[n:]
         return StepRecord(n, self.clock() - t0, "prefill")
+
+    def catch_up(self) -> StepRecord | None:
+        """A round that drafted nothing (depth 0), while the cloud verifies its chains: feed the
+        pending tokens but the last, as ``prefill`` does (None: nothing to feed). The sent tree has
+        no fed node, so the verdict is reconciled as it would be without this step, and the next
+        round that drafts feeds one or two tokens instead of every token the skipped rounds left."""
+        rec = self.prefill()
+        return None if rec is None else StepRecord(rec.tokens, rec.seconds, "catch_up")
 
     def step(self, phase: str = "draft") -> StepRecord | None:
         """One expansion step of the active tree: step 0 feeds the root, later ones the best

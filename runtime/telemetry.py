@@ -31,6 +31,7 @@ class RoundRecord:
     first_wave_p: float | None = None  # the draft's P(verdict lands on a first-wave root) (BranchRoots.mass)
     reused_depth: int = 0  # levels of the next tree that the kept branch supplied
     discarded_steps: int = 0  # proactive steps thrown away on a miss
+    catch_up_s: float = 0.0  # a round that drafted nothing: the step feeding the pending tokens in the wait
     draft_s: float = 0.0
     ahead_s: float = 0.0  # round 0: of draft_s, the part drafted before the cloud's Ready (off the round's path)
     prefill_s: float = 0.0  # round 0: the draft's prompt prefill, before its steps, while the cloud prefilled

@@ -174,3 +174,38 @@ def test_round_0_is_drafted_while_the_cloud_prefills(tiny_pair):
             assert all(r.ahead_s == 0.0 for r in gen.records[1:])
     finally:
         server.close()
+
+
+def test_a_round_that_drafts_nothing_feeds_its_pending_tokens_and_sees_a_load_lift(tiny_pair):
+    """rapid-cost under a load (draft steps of 75 ms by an injected clock, baselines 2.5 ms) sends
+    undrafted rounds; while the cloud verifies one (each verdict held 0.15 s, so a step fits in
+    the wait) the edge feeds the tokens it left pending, one measured step: the draft's KV stays
+    at most a token behind, and when the load lifts (steps of 2.5 ms) the next request drafts
+    again within a few rounds. Without that step nothing was measured until the next probe,
+    whose interval the undrafted rounds under the load had grown to 32. Tokens: the target's."""
+    target, drafts = tiny_pair
+    server = BackgroundServer(VerifierServer(target, answer_delay=lambda: 0.15))
+    step = {"s": 0.075}
+    ticks = itertools.accumulate(itertools.repeat(None), lambda t, _: t + step["s"], initial=0.0)
+    try:
+        cfg = CoordinatorConfig(depth=4)
+        ctrl = controller_for(POLICIES["rapid-cost"], cfg)
+        for _ in range(4):
+            for tokens in range(1, 33):
+                ctrl.observe_step(0.0025, tokens)
+        first_drafted = []
+        for load, prompt, max_new in ((True, list(b"abc abd abc abd abc abd abc"), 40), (False, list(b"xyz q"), 14)):
+            step["s"] = 0.075 if load else 0.0025
+            drafter = Drafter(TorchEngine(drafts["partial"], capacity=512), TreeParams(4, 12, 2, 2, lookup=0),
+                              (EOS_ID,), clock=ticks.__next__)
+            coord = Coordinator(drafter, CloudLink(server.url), POLICIES["rapid-cost"], cfg, controller=ctrl)
+            gen = asyncio.run(coord.generate(prompt, max_new, SamplingParams()))
+            assert gen.tokens == reference_decode(target, prompt, max_new, SamplingParams(), (EOS_ID,))
+            # an undrafted round after another has two tokens pending (a round that drafts feeds them)
+            again = [r for prev, r in itertools.pairwise(gen.records) if prev.depth == 0 and r.depth == 0]
+            assert again and all(r.catch_up_s > 0 for r in again), [(r.depth, r.catch_up_s) for r in gen.records]
+            assert len(drafter.pending) <= 2 or gen.records[-1].depth > 0
+            first_drafted.append(next((r.round for r in gen.records if r.depth > 0), len(gen.records)))
+        assert first_drafted[1] <= 5, first_drafted
+    finally:
+        server.close()
