@@ -34,14 +34,18 @@ def fit_confidence_cut(rounds: list[dict]) -> tuple[float, float] | None:
 
 
 def fit_chain_branch(rounds: list[dict]) -> tuple[float | None, dict[str, float]]:
-    """From the non-interruptible chain branches traced (``Policy.chain_branch``, not
-    ``interruptible``): a chain step's time relative to a tree step (median over rounds whose
+    """From the non-interruptible branches traced (not ``interruptible``): a chain step's time
+    relative to a tree step (chain branches, ``Policy.chain_branch``: median over rounds whose
     wait the branch set, wait > 1.1 x the cloud's time, of wait/branch steps over draft time/draft
-    steps: both under the same load), and the mean branch steps a round ran, per policy."""
+    steps: both under the same load), and the mean branch steps a round ran, per policy, chain or
+    tree (``npdg``'s tree branch runs ~4.4-7 steps for a depth of 4: its first steps feed the two
+    waves of roots, then ``width`` nodes per step below them)."""
     chains = {p.name for p in POLICIES.values() if p.proactive and p.chain_branch and not p.interruptible}
-    mine = [r for r in rounds if r.get("policy") in chains and r.get("proactive_steps")]
+    fixed = {p.name for p in POLICIES.values() if p.proactive and not p.interruptible}
+    mine = [r for r in rounds if r.get("policy") in fixed and r.get("proactive_steps")]
     ratio = [(r["wait_s"] / r["proactive_steps"]) / (r["draft_s"] / r["draft_steps"]) for r in mine
-             if r.get("draft_steps", 0) > 0 and r.get("draft_s", 0) > 0 and r.get("wait_s", 0) > 1.1 * r.get("cloud_s", 0)]
+             if r["policy"] in chains and r.get("draft_steps", 0) > 0 and r.get("draft_s", 0) > 0
+             and r.get("wait_s", 0) > 1.1 * r.get("cloud_s", 0)]
     steps = {p: statistics.fmean(r["proactive_steps"] for r in mine if r["policy"] == p)
              for p in sorted({r["policy"] for r in mine})}
     return (statistics.median(ratio) if len(ratio) >= 10 else None), steps

@@ -32,6 +32,7 @@ def run_branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int |
         want = e.ctrl.next_depth_if(a, max(depth, 1), e.decision.b_hat, True).depth
     else:
         want = e.oracle_branch  # the planned branch length
+    levels = want  # the levels the branch aims at: all a kept branch supplies
     if not pol.interruptible and pol.name in e.cal.branch_steps_by_policy and not e.oracle:
         # as traced: it runs them all, whatever the verdict
         want = draw_count(e.rng, e.cal.branch_steps_by_policy[pol.name])
@@ -63,7 +64,7 @@ def run_branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int |
     e.res.interrupts += stopped is not None
     if kept:
         e.res.hits += 1
-        e.reused = steps
+        e.reused = min(steps, levels)  # a tree branch's root steps add no level (traced reused_depth <= 4)
     else:
         e.res.discarded += steps
     e.res.draft_steps += steps

@@ -123,6 +123,21 @@ def test_a_non_interruptible_chain_branch_is_calibrated_from_its_waits():
     assert res.draft_steps >= res.branches * 6  # every branch ran its traced six steps
 
 
+def test_a_non_interruptible_tree_branch_runs_its_traced_steps_per_prompt_set():
+    """npdg's tree branch ran past its depth of 4 (the first steps feed the roots): 7 steps a round
+    on one set, 5 on another. The replay runs that many per set, not the depth."""
+    rows = [_row(i, policy="npdg", accepted=4, proactive_steps=7, proactive_hit=True, run="0")
+            for i in range(12)]
+    rows += [_row(i, policy="npdg", accepted=1, proactive_steps=5, run="1") | {"set": "mtbench"}
+             for i in range(12)]
+    cal = calibrate(rows, [], {})
+    assert cal.branch_steps_by_policy == {"npdg": 6.0}
+    per_set = calibration.fit_prompt_set(replace(cal), [r for r in rows if r["set"] == "c4"], [])
+    assert per_set.branch_steps_by_policy == {"npdg": 7.0}
+    res = _sim("npdg", replace(per_set, cut_continue=None), tokens=48)
+    assert res.draft_steps >= res.branches * 7  # every branch ran its traced seven steps
+
+
 def test_one_loaded_schedule_is_its_own_reference():
     """A trace with sustained load only (no uncontended round): its steps are the step samples
     and the schedule's slowdown is 1, not the 0.05 s default scaled by a guess."""
