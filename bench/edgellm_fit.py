@@ -41,8 +41,8 @@ def fit_chain_branch(rounds: list[dict]) -> tuple[float | None, dict[str, float]
     tree (``npdg``'s tree branch runs ~4.4-7 steps for a depth of 4: its first steps feed the two
     waves of roots, then ``width`` nodes per step below them)."""
     chains = {p.name for p in POLICIES.values() if p.proactive and p.chain_branch and not p.interruptible}
-    fixed = {p.name for p in POLICIES.values() if p.proactive and not p.interruptible}
-    mine = [r for r in rounds if r.get("policy") in fixed and r.get("proactive_steps")]
+    uninterrupted = {p.name for p in POLICIES.values() if p.proactive and not p.interruptible}
+    mine = [r for r in rounds if r.get("policy") in uninterrupted and r.get("proactive_steps")]
     ratio = [(r["wait_s"] / r["proactive_steps"]) / (r["draft_s"] / r["draft_steps"]) for r in mine
              if r["policy"] in chains and r.get("draft_steps", 0) > 0 and r.get("draft_s", 0) > 0
              and r.get("wait_s", 0) > 1.1 * r.get("cloud_s", 0)]
