@@ -10,7 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rapid.bench.edgellm_fit import fit_chain_branch, fit_confidence_cut
+from rapid.bench.edgellm_fit import fit_branch_steps, fit_chain_step, fit_confidence_cut
 from rapid.bench.gpu_profile import load_gpu_profile
 from rapid.bench.positions import bits_by_position, chains_by_position, rounds_at, sent_levels
 from rapid.bench.traces import group_runs, read_meta, read_rounds, read_runs, run_key, with_previous
@@ -208,7 +208,8 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
     cal.draft_ahead = any("ahead_s" in r for r in rounds)
     cal.warm_controller = str(meta.get("controller", "")).startswith("carried")
     cal.cut_continue = fit_confidence_cut(rounds)
-    cal.chain_step, cal.branch_steps_by_policy = fit_chain_branch(rounds)
+    cal.chain_step = fit_chain_step(rounds)
+    cal.branch_steps_by_policy = fit_branch_steps(rounds)
     cal.source = ", ".join(sorted({str(r.get("profile")) for r in runs}))
     return cal
 
@@ -247,7 +248,7 @@ def fit_prompt_set(cal: Calibration, rounds: list[dict], runs: list[dict], seed:
     cal.startup_s = _startup(runs, by_run) if runs else cal.startup_s
     cal.prefill_s = _prefill(rounds, by_run) or cal.prefill_s
     # a non-interruptible branch's steps depend on the prompt's trees (npdg: ~4.5 on c4, ~7 on wikitext)
-    cal.branch_steps_by_policy = {**cal.branch_steps_by_policy, **fit_chain_branch(rounds)[1]}
+    cal.branch_steps_by_policy = {**cal.branch_steps_by_policy, **fit_branch_steps(rounds)}
     return cal
 
 

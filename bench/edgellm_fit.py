@@ -1,6 +1,6 @@
 """The EdgeLLM-style policies' own behaviour, fitted from ``rapid bench`` traces for ``rapid sim``:
-the confidence cut's continue odds and the non-interruptible chain branch's step cost and length
-(``rapid.bench.calibration`` stores them in a ``Calibration``)."""
+the confidence cut's continue odds, a chain branch's step cost and the steps a non-interruptible
+branch runs (``rapid.bench.calibration`` stores them in a ``Calibration``)."""
 
 from __future__ import annotations
 
@@ -33,19 +33,29 @@ def fit_confidence_cut(rounds: list[dict]) -> tuple[float, float] | None:
     return tuple(c / n if n else 1.0 for c, n in cont)  # type: ignore[return-value]
 
 
-def fit_chain_branch(rounds: list[dict]) -> tuple[float | None, dict[str, float]]:
-    """From the non-interruptible branches traced (not ``interruptible``): a chain step's time
-    relative to a tree step (chain branches, ``Policy.chain_branch``: median over rounds whose
-    wait the branch set, wait > 1.1 x the cloud's time, of wait/branch steps over draft time/draft
-    steps: both under the same load), and the mean branch steps a round ran, per policy, chain or
-    tree (``npdg``'s tree branch runs ~4.4-7 steps for a depth of 4: its first steps feed the two
-    waves of roots, then ``width`` nodes per step below them)."""
-    chains = {p.name for p in POLICIES.values() if p.proactive and p.chain_branch and not p.interruptible}
+def _uninterrupted_branch_rounds(rounds: list[dict]) -> list[dict]:
+    """Rounds of a non-interruptible proactive policy (not ``interruptible``) that ran a branch."""
     uninterrupted = {p.name for p in POLICIES.values() if p.proactive and not p.interruptible}
-    mine = [r for r in rounds if r.get("policy") in uninterrupted and r.get("proactive_steps")]
-    ratio = [(r["wait_s"] / r["proactive_steps"]) / (r["draft_s"] / r["draft_steps"]) for r in mine
+    return [r for r in rounds if r.get("policy") in uninterrupted and r.get("proactive_steps")]
+
+
+def fit_chain_step(rounds: list[dict]) -> float | None:
+    """A chain branch's step time relative to a tree step (chain branches,
+    ``Policy.chain_branch``): the median over rounds whose wait the branch set (wait > 1.1 x the
+    cloud's time) of wait/branch steps over draft time/draft steps, both under the same load;
+    None under 10 such rounds."""
+    chains = {p.name for p in POLICIES.values() if p.proactive and p.chain_branch and not p.interruptible}
+    ratio = [(r["wait_s"] / r["proactive_steps"]) / (r["draft_s"] / r["draft_steps"])
+             for r in _uninterrupted_branch_rounds(rounds)
              if r["policy"] in chains and r.get("draft_steps", 0) > 0 and r.get("draft_s", 0) > 0
              and r.get("wait_s", 0) > 1.1 * r.get("cloud_s", 0)]
-    steps = {p: statistics.fmean(r["proactive_steps"] for r in mine if r["policy"] == p)
-             for p in sorted({r["policy"] for r in mine})}
-    return (statistics.median(ratio) if len(ratio) >= 10 else None), steps
+    return statistics.median(ratio) if len(ratio) >= 10 else None
+
+
+def fit_branch_steps(rounds: list[dict]) -> dict[str, float]:
+    """The mean branch steps a round ran, per non-interruptible policy, chain or tree (``npdg``'s
+    tree branch runs ~4.4-7 steps for a depth of 4: its first steps feed the two waves of roots,
+    then ``width`` nodes per step below them)."""
+    mine = _uninterrupted_branch_rounds(rounds)
+    return {p: statistics.fmean(r["proactive_steps"] for r in mine if r["policy"] == p)
+            for p in sorted({r["policy"] for r in mine})}
