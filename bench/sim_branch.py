@@ -50,7 +50,7 @@ def run_branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int |
         d = e.step_time(t) * e.cal.step_scale(per_step)
         t += d
         steps += 1
-        e.ctrl.observe_step(d, per_step, beside_verify=True)  # as the coordinator: a step in the wait
+        e.ctrl.observe_step(d, per_step)
         e.gate.observe_step(d)
         if pol.interruptible and t >= t_arr:
             stopped = steps
@@ -79,5 +79,5 @@ def run_catch_up(e, t_send: float, t_arr: float) -> float:
     if not e.gate.fits(0.0):
         return t_arr
     d = e.step_time(t_send) * e.cal.step_scale(1)
-    e.ctrl.observe_step(d, 1, beside_verify=True)
+    e.ctrl.observe_step(d, 1)
     return max(t_arr, t_send + d)

@@ -8,8 +8,7 @@ pure: no clocks, no I/O. The caller measures durations and passes them in.
 Control law (``c`` = :class:`CAACConfig`; ``L_base`` = ``initial_depth``)
 ----------------------------------------------------------------------------
 Physical path, per expansion step (``observe_step(seconds, tokens)``; the formulas of
-``ESR`` and of the per-size step baselines ``tau_hat(T)`` are in :mod:`rapid.runtime.step_cost`;
-a step run while the cloud verified counts as the drafting step it prices, ``BesideVerify``)::
+``ESR`` and of the per-size step baselines ``tau_hat(T)`` are in :mod:`rapid.runtime.step_cost`)::
 
     r   = max(seconds, tau_floor * T) / tau_hat(T)    # slowdown against a step of the same size
     ESR = EMA(r) at alpha_fast (1 while steps < n_warmup); tau_hat(T) held above band_hi
@@ -108,7 +107,7 @@ from dataclasses import dataclass, fields
 
 from rapid.runtime.branch_gate import BranchGate
 from rapid.runtime.depth_control import CAACDecision, carried_by_chain
-from rapid.runtime.step_cost import BesideVerify, Slowdown
+from rapid.runtime.step_cost import Slowdown
 
 __all__ = ["CAAC", "CAACConfig", "FixedDepth"]
 
@@ -167,9 +166,11 @@ class CAACConfig:
         need(self.gamma > 0, f"gamma must be > 0, got {self.gamma}")
         need(0 < self.eta_min <= 1, f"eta_min must be in (0, 1], got {self.eta_min}")
         need(self.tau_floor > 0, f"tau_floor must be > 0, got {self.tau_floor}")
-        need(self.max_seconds > self.tau_floor, f"max_seconds must be > tau_floor, got {self.max_seconds}")
+        need(self.max_seconds > self.tau_floor,
+             f"max_seconds must be > tau_floor, got {self.max_seconds}")
         need(0 < self.alpha_acc <= 1, f"alpha_acc must be in (0, 1], got {self.alpha_acc}")
-        need(0 < self.target_acceptance < 1, f"target_acceptance must be in (0, 1), got {self.target_acceptance}")
+        need(0 < self.target_acceptance < 1,
+             f"target_acceptance must be in (0, 1), got {self.target_acceptance}")
         for name in ("kp", "ki", "kd"):
             need(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
         need(0 < self.alpha_cloud <= 1, f"alpha_cloud must be in (0, 1], got {self.alpha_cloud}")
@@ -205,7 +206,6 @@ class CAAC:
                              f"{c.max_depth}], got {initial_depth!r}")
         self.base_depth = d
         self._phys = Slowdown(c)  # the physical path (runtime.step_cost)
-        self._beside = BesideVerify()  # steps in the wait, priced as drafting steps
         self._rounds = 0
         self._acc = c.target_acceptance
         self._err = 0.0
@@ -230,14 +230,13 @@ class CAAC:
         return math.isfinite(seconds) and 0 < seconds <= self.config.max_seconds
 
     # ---- physical path -------------------------------------------------------------
-    def observe_step(self, seconds: float, tokens: int, beside_verify: bool = False) -> None:
-        """Record one complete draft expansion step that fed ``tokens`` tokens; ``beside_verify``:
-        it ran while the cloud verified, priced as a drafting step (``step_cost.BesideVerify``)."""
+    def observe_step(self, seconds: float, tokens: int) -> None:
+        """Record one complete draft expansion step that fed ``tokens`` tokens."""
         n = _as_int(tokens)
         if n is None or n < 1 or not self._duration_ok(seconds):
             self._ignored_steps += 1
             return
-        self._phys.observe(self._beside.price(float(seconds), n, bool(beside_verify)), n)
+        self._phys.observe(float(seconds), n)
 
     def _gate(self) -> tuple[float, float]:
         """(esr, eta) from the current physical state."""
@@ -367,12 +366,13 @@ class CAAC:
             "ignored_steps": self._ignored_steps,
             "ignored_rounds": self._ignored_rounds,
             "unsampled_rounds": self._unsampled_rounds,
-            "tau_cur": self._phys.tau_cur, "tau_fast": self._phys.tau_fast, "tau_slow": self._phys.tau_slow,
+            "tau_cur": self._phys.tau_cur,
+            "tau_fast": self._phys.tau_fast,
+            "tau_slow": self._phys.tau_slow,
             "esr": esr,
             "eta": eta,
             "tokens_per_step": self._phys.tokens_per_step,
             "step_classes": len(self._phys.baseline),
-            "beside_verify_kappa": self._beside.kappa,
             "acceptance": self._acc,
             "error": self._err,
             "integral": self._integral,

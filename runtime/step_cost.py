@@ -39,9 +39,6 @@ Telemetry: ``tau_cur`` = s of the last step, ``tau_fast`` = EMA(s) and ``tau_slo
 EMA(tau_hat(T)) over the same steps (both at ``alpha_fast``, seconds per step), so ``ESR ~=
 tau_fast / tau_slow``; ``tau_fast`` is also the time cap's seconds per step.
 
-:class:`BesideVerify` prices a step that ran while the cloud verified (a proactive branch step,
-a catch-up step) as a drafting step, which is what the depth buys (below).
-
 Pure: no clocks, no I/O.
 """
 
@@ -52,7 +49,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rapid.runtime.caac import CAACConfig
 
-__all__ = ["BesideVerify", "Slowdown", "StepBaseline"]
+__all__ = ["Slowdown", "StepBaseline"]
 
 
 class StepBaseline:
@@ -136,51 +133,3 @@ class Slowdown:
             average = warm or self.esr <= c.band_hi
             self.baseline.update(tokens, s, c.alpha_slow if average else c.alpha_slow_hold, average)
         self.steps += 1
-
-
-class BesideVerify:
-    """A step run while the cloud verifies (a proactive branch step, a catch-up step), priced as a
-    drafting step of its size.
-
-    The depth buys drafting steps, which run on the round's path before the send, so CAAC's
-    slowdown must price those. A step in the wait runs beside the verify: on an edge of its own it
-    costs what a drafting step costs, but on a host it shares with the verifier (the bench: the
-    other core, the memory bandwidth) it pays for the verify too. Measured on the Zen 2's slow edge
-    under load: catch-up steps 0.335 s against drafting steps of 0.266 s (median), so the
-    slowdown priced rapid-cost's next drafting step at ~0.30 s and held it undrafted where a
-    drafted depth 1 was faster. Per step of ``T`` tokens and ``s`` seconds::
-
-        drafting step:  s_draft(T) <- s;  price = s
-        wait step:      kappa <- kappa + alpha * (s / s_draft(T) - kappa)   if a drafting step of T
-                        tokens ran within the last ``fresh`` steps (under the same load), else kept
-                        price = s / clamp(kappa, 1, kappa_max)
-
-    ``kappa`` starts at 1 (no correction until measured), so on an edge of its own (kappa ~1) a
-    wait step is priced at its own time, and never below it over ``kappa_max``. Through a run of
-    undrafted rounds kappa is kept, and their catch-up steps still show a load that lifts. At most
-    ``max_classes`` sizes are remembered (least recently seen dropped)."""
-
-    __slots__ = ("alpha", "fresh", "kappa_max", "max_classes", "kappa", "_draft", "_steps")
-
-    def __init__(self, alpha: float = 0.2, fresh: int = 8, kappa_max: float = 3.0, max_classes: int = 32) -> None:
-        if not 0.0 < alpha <= 1.0 or fresh < 1 or kappa_max < 1.0 or max_classes < 1:
-            raise ValueError(f"BesideVerify needs 0 < alpha <= 1, fresh >= 1, kappa_max >= 1, max_classes >= 1; "
-                             f"got {alpha}, {fresh}, {kappa_max}, {max_classes}")
-        self.alpha, self.fresh, self.kappa_max, self.max_classes = alpha, fresh, kappa_max, max_classes
-        self.kappa = 1.0
-        self._draft: dict[int, tuple[float, int]] = {}  # T -> (seconds, step index) of its last drafting step
-        self._steps = 0
-
-    def price(self, seconds: float, tokens: int, beside_verify: bool) -> float:
-        """The seconds a step of ``tokens`` tokens counts as a drafting step (``seconds`` > 0)."""
-        self._steps += 1
-        if not beside_verify:
-            self._draft.pop(tokens, None)
-            self._draft[tokens] = (seconds, self._steps)
-            while len(self._draft) > self.max_classes:
-                del self._draft[next(iter(self._draft))]
-            return seconds
-        last = self._draft.get(tokens)
-        if last is not None and self._steps - last[1] <= self.fresh:
-            self.kappa += self.alpha * (seconds / last[0] - self.kappa)
-        return seconds / min(self.kappa_max, max(1.0, self.kappa))
