@@ -116,13 +116,16 @@ def wrap_decoder(decoder):
 # ------------------------------------------------------------------------------- helpers --
 
 class _Stages:
-    """Per-stage wall times, logged, with a tqdm bar over the stages."""
+    """Per-stage wall times, logged, with a tqdm bar over the stages; the first, ``check``, has run
+    (``checked_s``) before the bar is drawn, so a refused input prints nothing but its error."""
 
-    def __init__(self, progress: bool) -> None:
+    def __init__(self, progress: bool, checked_s: float) -> None:
         from tqdm.auto import tqdm
 
-        self.times: dict[str, float] = {}
-        self.bar = tqdm(total=len(STAGES), desc="onnx export", unit="stage", disable=not progress, leave=False)
+        self.times: dict[str, float] = {STAGES[0]: round(checked_s, 3)}
+        log.info("export stage %-9s %.2f s", STAGES[0], checked_s)
+        self.bar = tqdm(total=len(STAGES), initial=1, desc="onnx export", unit="stage", disable=not progress,
+                        leave=False)
 
     @contextlib.contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -213,19 +216,19 @@ def export_onnx(model: str | Path, out_dir: str | Path, dtype: str = "fp32", max
     :class:`rapid.export.parity.ParityError` when ORT disagrees with PyTorch.
     """
     out = Path(out_dir).expanduser()
-    stages = _Stages(progress)
+    t_start = time.perf_counter()
+    # bad input fails here, its one-line error before any progress line (no bar, no stage log yet)
+    resolved = _check(str(model), out, dtype, int(max_context), int(max_tree))
+    stages = _Stages(progress, checked_s=time.perf_counter() - t_start)
     try:
-        return _export(str(model), out, dtype, int(max_context), int(max_tree), progress, opset,
-                       parity_threshold, stages)
+        return _export(str(model), resolved, out, dtype, int(max_context), int(max_tree), progress, opset,
+                       parity_threshold, stages, t_start)
     finally:
         stages.close()
 
 
-def _export(spec: str, out: Path, dtype: str, max_context: int, max_tree: int, progress: bool,
-            opset: int | None, parity_threshold: float | None, stage: _Stages) -> dict[str, Any]:
-    t_start = time.perf_counter()
-    with stage("check"):
-        resolved = _check(spec, out, dtype, max_context, max_tree)
+def _export(spec: str, resolved: str, out: Path, dtype: str, max_context: int, max_tree: int, progress: bool,
+            opset: int | None, parity_threshold: float | None, stage: _Stages, t_start: float) -> dict[str, Any]:
     with stage("load"):
         reference, exported = _load(spec, dtype)
         weight_bytes = _param_bytes(exported)

@@ -47,8 +47,10 @@ def test_trt_without_tensorrt_is_refused_before_the_export(tmp_path):
 
 
 def test_export_failures_carry_the_subcommand_prefix(tmp_path):
-    rc, err, _ = export(tmp_path, "--out", str(tmp_path / "o"))
+    """A model that does not exist: its error is the only line (no progress bar or stage log before it)."""
+    rc, err, lines = export(tmp_path, "--out", str(tmp_path / "o"))
     assert rc == 2 and err.startswith(PREFIX) and "no-model" in err
+    assert len(lines) == 1, lines
 
 
 @pytest.mark.parametrize("folder", ["default-draft", "my exports/d"])
