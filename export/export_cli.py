@@ -23,8 +23,10 @@ def load_export_tokenizer(out: Path):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("model", nargs="?", default="default-draft",
-                        help="HF id, local folder, .gguf file or default-draft (default)")
+    parser.add_argument("model", nargs="?", default=argparse.SUPPRESS,
+                        help="HF id, local folder, .gguf file or default-draft (the default)")
+    parser.add_argument("--model", dest="model_option", default=argparse.SUPPRESS, metavar="MODEL",
+                        help="the same as MODEL")
     parser.add_argument("--out", "-o", required=True, help="export folder (draft.onnx, manifest.json, tokenizer)")
     parser.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32")
     parser.add_argument("--max-context", type=int, default=2048, help="most KV entries a step may see (P+T)")
@@ -72,8 +74,17 @@ def _require_tensorrt() -> None:
         raise TrtUnavailableError(f"--trt: {e}; or drop --trt to export ONNX only") from e
 
 
+def export_model(args: argparse.Namespace) -> str:
+    """The model to export: ``MODEL`` or ``--model`` (one of them; default-draft without either)."""
+    given, option = getattr(args, "model", None), getattr(args, "model_option", None)
+    if given is not None and option is not None and given != option:
+        raise OptionError(f"the model is named twice, {given!r} and --model {option!r}: give one")
+    return given or option or "default-draft"
+
+
 def check_args(args: argparse.Namespace) -> QuantConfig | None:
     """Refuse what the export cannot honour before any model loads; return ``--quantize``'s config."""
+    export_model(args)
     if not str(args.out).strip():
         raise OptionError("--out must name the export folder, got an empty string")
     quant = _quant_config(args)
@@ -104,14 +115,14 @@ def _quantize(out: Path, quant: QuantConfig) -> None:
 def run_from_args(args: argparse.Namespace) -> int:
     """Run an export from parsed arguments (``rapid export`` or :func:`main`); returns the exit code.
 
-    Reads ``model`` (or ``--model``), ``out``, ``dtype``, ``max_context``, ``max_tree`` and,
+    Reads ``model`` / ``model_option`` (``MODEL`` / ``--model``), ``out``, ``dtype``, ``max_context``, ``max_tree`` and,
     when present, ``opset``, ``trt``, ``quantize``, ``quant_block`` and ``no_progress``. Bad
     options and failed steps raise :class:`RapidError`; the caller prints it as one line
     (``rapid export: error: ...`` from rapid/cli.py).
     """
     quant = check_args(args)
     out = Path(args.out)
-    m = export_onnx(args.model, out, dtype=args.dtype, max_context=args.max_context,
+    m = export_onnx(export_model(args), out, dtype=args.dtype, max_context=args.max_context,
                     max_tree=args.max_tree, progress=not getattr(args, "no_progress", False),
                     opset=getattr(args, "opset", None))
     _report_export(out, m)

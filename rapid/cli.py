@@ -25,7 +25,8 @@ from rapid.core.optional import import_optional
 from rapid.core.precision import DTYPES
 from rapid.demo import run_demo
 from rapid.doctor import run_doctor
-from rapid.export.export_cli import add_quantize_arguments, run_from_args
+from rapid.export.export_cli import add_arguments as add_export_arguments
+from rapid.export.export_cli import run_from_args
 from rapid.runtime.edge_config import HelpFormatter, add_edge_args
 from rapid.runtime.generate import run_generate
 from rapid.server.ray_args import add_scale_out_args, scale_out_options, wants_ray
@@ -74,14 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_edge_args(d, "draft", "tree", "sampling")
     d.set_defaults(max_tokens=48)
 
-    e = _add(sub, "export", help="export a draft model to ONNX (and TensorRT)")
-    e.add_argument("--model", default="default-draft")
-    e.add_argument("--out", required=True)
-    e.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"])
-    e.add_argument("--trt", action="store_true")
-    e.add_argument("--max-context", type=int, default=2048)
-    e.add_argument("--max-tree", type=int, default=64)
-    add_quantize_arguments(e)
+    add_export_arguments(_add(sub, "export", help="export a draft model to ONNX (and TensorRT)"))
 
     for name, text in (("edge", "the edge daemon: an OpenAI-compatible local API (rapid edge --help)"),
                        ("bench", "real-run benchmark: edge and cloud processes (rapid bench --help)"),

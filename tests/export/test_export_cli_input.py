@@ -12,6 +12,7 @@ import pytest
 from rapid.cli import build_parser
 from rapid.core.manifest import ManifestError, load_manifest
 from rapid.core.trt_support import missing_modules
+from rapid.export.export_cli import export_model
 
 PREFIX = "rapid export: error: "
 
@@ -61,3 +62,19 @@ def test_missing_export_folder_hint_is_a_valid_command(tmp_path, folder):
     assert command[:2] == ["rapid", "export"]
     args = build_parser().parse_args(command[1:])
     assert (args.cmd, args.out) == ("export", str(tmp_path / folder))
+
+
+def test_the_model_is_named_as_an_argument_or_by_model():
+    """``rapid export MODEL`` (as ``python -m rapid.export.export_cli``) and ``--model MODEL`` (the
+    README's form) are one option; neither: default-draft."""
+    parser = build_parser()
+    for argv in (["export", "some/model", "--out", "o"], ["export", "--model", "some/model", "--out", "o"],
+                 ["export", "some/model", "--model", "some/model", "--out", "o"]):
+        assert export_model(parser.parse_args(argv)) == "some/model"
+    assert export_model(parser.parse_args(["export", "--out", "o"])) == "default-draft"
+
+
+def test_two_different_models_are_refused(tmp_path):
+    rc, err, lines = export(tmp_path, "other-model", "--out", str(tmp_path / "o"))
+    assert (rc, len(lines)) == (2, 1)
+    assert err.startswith(PREFIX + "the model is named twice")
