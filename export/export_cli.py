@@ -77,6 +77,8 @@ def _require_tensorrt() -> None:
 def export_model(args: argparse.Namespace) -> str:
     """The model to export: ``MODEL`` or ``--model`` (one of them; default-draft without either)."""
     given, option = getattr(args, "model", None), getattr(args, "model_option", None)
+    if any(m is not None and not m.strip() for m in (given, option)):
+        raise OptionError("the model must be named (an HF id, a folder, a .gguf file or default-draft), got an empty string")
     if given is not None and option is not None and given != option:
         raise OptionError(f"the model is named twice, {given!r} and --model {option!r}: give one")
     return given or option or "default-draft"
@@ -115,8 +117,8 @@ def _quantize(out: Path, quant: QuantConfig) -> None:
 def run_from_args(args: argparse.Namespace) -> int:
     """Run an export from parsed arguments (``rapid export`` or :func:`main`); returns the exit code.
 
-    Reads ``model`` / ``model_option`` (``MODEL`` / ``--model``), ``out``, ``dtype``, ``max_context``, ``max_tree`` and,
-    when present, ``opset``, ``trt``, ``quantize``, ``quant_block`` and ``no_progress``. Bad
+    Reads ``model`` / ``model_option`` (``MODEL`` / ``--model``), ``out``, ``dtype``,
+    ``max_context``, ``max_tree`` and, when present, ``opset``, ``trt``, ``quantize``, ``quant_block`` and ``no_progress``. Bad
     options and failed steps raise :class:`RapidError`; the caller prints it as one line
     (``rapid export: error: ...`` from rapid/cli.py).
     """

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from rapid.cli import build_parser
+from rapid.core.errors import OptionError
 from rapid.core.manifest import ManifestError, load_manifest
 from rapid.core.trt_support import missing_modules
 from rapid.export.export_cli import export_model
@@ -72,6 +73,13 @@ def test_the_model_is_named_as_an_argument_or_by_model():
                  ["export", "some/model", "--model", "some/model", "--out", "o"]):
         assert export_model(parser.parse_args(argv)) == "some/model"
     assert export_model(parser.parse_args(["export", "--out", "o"])) == "default-draft"
+
+
+@pytest.mark.parametrize("argv", [["", "--out", "o"], ["--model", " ", "--out", "o"]])
+def test_an_empty_model_is_refused(argv):
+    """An empty name is a mistake, not a request for the default model."""
+    with pytest.raises(OptionError, match="must be named"):
+        export_model(build_parser().parse_args(["export", *argv]))
 
 
 def test_two_different_models_are_refused(tmp_path):
