@@ -196,7 +196,7 @@ def test_a_silent_connection_is_recovered_before_the_deadline():
         return accept_first(tree, committed) if answered["n"] > 2 else None  # the first two copies vanish
 
     async def body(url):
-        link = CloudLink(url, retry_timeout=30.0, verdict_timeout_s=1.5, backoff_s=0.01)
+        link = CloudLink(url, retry_timeout=30.0, verdict_timeout_s=3.0, backoff_s=0.01)
         await link.open(Hello([1], max_nodes=8))
         await link.send_tree(0, [5], [-1])
         verdict = await link.verdict(0)
