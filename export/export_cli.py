@@ -118,8 +118,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     """Run an export from parsed arguments (``rapid export`` or :func:`main`); returns the exit code.
 
     Reads ``model`` / ``model_option`` (``MODEL`` / ``--model``), ``out``, ``dtype``,
-    ``max_context``, ``max_tree`` and, when present, ``opset``, ``trt``, ``quantize``, ``quant_block`` and ``no_progress``. Bad
-    options and failed steps raise :class:`RapidError`; the caller prints it as one line
+    ``max_context``, ``max_tree`` and, when present, ``opset``, ``trt``, ``quantize``,
+    ``quant_block`` and ``no_progress``. Bad options and failed steps raise :class:`RapidError`; the caller prints it as one line
     (``rapid export: error: ...`` from rapid/cli.py).
     """
     quant = check_args(args)
