@@ -6,11 +6,28 @@ forward and a one-token forward differ by ~1e-16 there, so a near-tie cannot fli
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored():
+    """A CLI run in-process (``setup_logging``, ``basicConfig``) points the root logger at the
+    test's captured stderr, which pytest closes after the test, and raises it to INFO: a thread
+    the test left winding down (a server's websocket) then logs into a closed file ('--- Logging
+    error ---' in the suite's output). Drop the handlers the test added (pytest's own excepted)
+    and put the level back."""
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in before and not type(handler).__module__.startswith("_pytest"):
+            root.removeHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")
