@@ -57,12 +57,13 @@ def bench_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", help="output folder (default bench-out/<timestamp>)")
     ap.add_argument("--quick", action="store_true", help="~4 min: c4, 1 prompt, fixed vs rapid under sustained load, 8 tokens, wan")
     ap.add_argument("--smoke", action="store_true", help="tiny random models, < 60 s (tests)")
-    ap.add_argument("--vs-ar", action="store_true", help="~15 min: rapid vs the target alone (ar) on c4, oasst, "
-                    "mtbench, wikitext, humaneval; no load; 48 tokens; lan; with --peers")
+    ap.add_argument("--vs-ar", action="store_true", help="rapid vs the target alone (ar) on c4, oasst, mtbench, "
+                    "wikitext, humaneval; no load; 48 tokens; lan; with --peers (~30 min on a bf16 CPU, ~55 "
+                    "on an fp32-only one, two thirds of it the peers; --no-peers ~20)")
     ap.add_argument("--peers", action="store_const", const=True, default=None,
                     help="also run HF assisted and prompt-lookup generation on the same prompts "
                          "(rapid.bench.peers; default: only with --vs-ar)")
-    ap.add_argument("--slow-edge", action="store_true", help="~1 h: the slow-edge regime: the PyTorch draft "
+    ap.add_argument("--slow-edge", action="store_true", help="~1-1.5 h: the slow-edge regime: the PyTorch draft "
                     "(default-draft, unless --draft names another), every policy, no load / sustained / burst, "
                     "five sets, 24 tokens, wan")
     ap.add_argument("--no-peers", dest="peers", action="store_const", const=False, help="not even with --vs-ar")
