@@ -75,7 +75,13 @@ round whose verdict went past the levels it drafted was carried there by a looku
 which of its drafted levels the draft's own nodes matched the verdict does not say, so it is no
 reach sample (as it is no sample of CAAC's PID); counted as reaching every drafted level, the
 copy rounds of a text that repeats its prompt raised the draft's reach, and the estimates are
-carried into the next request, whatever its text.
+carried into the next request, whatever its text. A request's first verdict counts from level 2:
+its level 1 is the reply's first token, which the draft gets right far less often than any later
+position (top-1 0.52 against 0.81, CAAC's docstring), while its levels below a right first are
+drafted as well as any (0.81 after a right first). Counted, that one biased sample pulled the
+level-1 rate of every request down, and under load priced depth 0 above depth 1 for the request's
+first rounds (the slow edge under burst, mtbench: rounds 1-7 undrafted, one token each, in 2 of 3
+repeats, where ``rapid``'s depth-1 rounds accepted every level, ``bench-out/zen2-catchup``).
 
 The proactive branch (IPDG) is unchanged; its target is this rule applied after the verdict it
 guesses (``next_depth_if``). CAAC's proactive time cap is not applied: the cost model already
@@ -207,10 +213,11 @@ class CostAwareCAAC(CAAC):
 
     def observe_round(self, accepted: int, depth: int, cloud_seconds: float | None = None,
                       b_hat: float | None = None) -> None:
-        before = self._ignored_rounds
+        before, first = self._ignored_rounds, self._verdicts == 0
         super().observe_round(accepted, depth, cloud_seconds, b_hat)
         if self._ignored_rounds == before and not carried_by_chain(accepted, depth):  # validated (docstring)
-            self._reach.observe(int(accepted), int(depth))
+            self._reach.observe(int(accepted), int(depth), 2 if first else 1)  # level 1 of a request's
+            # first verdict is the reply's first token (docstring)
 
     # ---- the decision --------------------------------------------------------------------
     def cost_depth(self, reused: int = 0, proactive: bool = False, sigma: float = 1.0,

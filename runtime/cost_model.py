@@ -166,14 +166,18 @@ class ReachEstimate:
             self.succ = [x * k for x in self.succ]
             self.trials = [x * k for x in self.trials]
 
-    def observe(self, accepted: int, depth: int) -> None:
-        """One verified round: ``accepted`` (clamped to ``depth``) of ``depth`` levels."""
+    def observe(self, accepted: int, depth: int, first_level: int = 1) -> None:
+        """One verified round: ``accepted`` (clamped to ``depth``) of ``depth`` levels, its levels
+        from ``first_level`` on (a request's first verdict starts at 2: ``CostAwareCAAC``); a
+        round with no level to count is no round of the memory either."""
+        depth = min(depth, self.max_depth)
+        a = min(accepted, depth)
+        if min(a + 1, depth) < first_level:
+            return
         keep = 1.0 - self.config.alpha_reach
         self.succ = [s * keep for s in self.succ]
         self.trials = [n * keep for n in self.trials]
-        depth = min(depth, self.max_depth)
-        a = min(accepted, depth)
-        for d in range(1, min(a + 1, depth) + 1):
+        for d in range(first_level, min(a + 1, depth) + 1):
             self.trials[d] += 1.0
             self.succ[d] += 1.0 if d <= a else 0.0
 

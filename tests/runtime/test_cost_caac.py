@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from rapid.runtime.caac import CAAC, CAACConfig
 from rapid.runtime.cost_caac import PROBE_BACKOFF, CostAwareCAAC, choose_depth, draft_seconds
-from rapid.runtime.cost_model import CostConfig
+from rapid.runtime.cost_model import CostConfig, ReachEstimate
 
 # ---------------------------------------------------------------- the pure rule
 
@@ -358,3 +358,29 @@ def test_a_round_a_lookup_chain_carried_past_the_drafted_depth_is_no_reach_sampl
     for _ in range(10):
         ctrl.observe_round(3, 3)
     assert all(a > b for a, b in zip(ctrl._reach.reach()[:3], before[:3], strict=True))
+
+
+def test_a_requests_first_verdict_is_no_sample_of_level_1():
+    """Its level 1 is the reply's first token, which the draft gets right far less often than any
+    later position (CAAC's PID takes no sample of it either); its deeper levels count. Taken whole,
+    each request's first miss pulled the level-1 rate down, carried into the next request too."""
+    ctrl = CostAwareCAAC()
+    for _ in range(3):
+        ctrl.new_request()
+        ctrl.observe_round(0, 2)  # a first miss
+        for _ in range(4):
+            ctrl.observe_round(1, 1)  # then depth-1 rounds, every level accepted
+    taken_whole = ReachEstimate(8)
+    for _ in range(3):
+        taken_whole.carry(CostConfig().request_rounds)
+        taken_whole.observe(0, 2)
+        for _ in range(4):
+            taken_whole.observe(1, 1)
+    assert ctrl._reach.reach()[0] > taken_whole.reach()[0]
+    assert ctrl._reach.trials[1] < taken_whole.trials[1]
+    ctrl.new_request()
+    before = list(ctrl._reach.trials)
+    ctrl.observe_round(3, 4)  # a first verdict that got the first token right: levels 2..4 count
+    assert ctrl._reach.trials[1] == pytest.approx(before[1] * (1 - CostConfig().alpha_reach))
+    assert ctrl._reach.succ[2] > before[2] * (1 - CostConfig().alpha_reach)
+

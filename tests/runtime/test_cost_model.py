@@ -48,6 +48,22 @@ def test_reach_forgets_and_clamps():
     assert c.reach() != r.reach()  # the copy is independent
 
 
+def test_a_round_counted_from_level_2_leaves_level_1_and_the_memory_alone():
+    """A request's first verdict (``CostAwareCAAC``): levels from 2 on count, level 1 does not; one
+    that stopped at level 1 counts nothing, and does not age the memory either."""
+    r = ReachEstimate(4)
+    r.observe(1, 4)
+    succ, trials = list(r.succ), list(r.trials)
+    r.observe(0, 4, first_level=2)
+    assert (r.succ, r.trials) == (succ, trials)
+    r.observe(0, 1, first_level=2)  # a depth-1 round has no level 2
+    assert (r.succ, r.trials) == (succ, trials)
+    r.observe(2, 4, first_level=2)  # level 2 reached, level 3 not
+    keep = 1.0 - r.config.alpha_reach
+    assert r.trials == pytest.approx([0.0, keep, 1.0 + keep, 1.0, 0.0])
+    assert r.succ == pytest.approx([0.0, keep, 1.0, 0.0, 0.0])
+
+
 def test_carry_keeps_the_rates_and_weighs_them_as_at_most_a_few_rounds():
     r = ReachEstimate(4)
     for k in range(40):
