@@ -11,6 +11,7 @@ from pathlib import Path
 from rapid.bench.branch_outcomes import branch_outcome_lines
 from rapid.bench.colocation import verify_tax_lines
 from rapid.bench.contention import schedule_kind
+from rapid.bench.first_token import first_token_lines
 from rapid.bench.md_table import md_table
 from rapid.bench.peer_report import ceiling_lines, peer_lines, peer_tok_s_lines
 from rapid.bench.plots import make_plots
@@ -182,6 +183,7 @@ def write_report(folder: str | Path, plots: bool = True) -> dict[str, Path]:
     L = _setup_lines(meta, same, checked)
     L += _result_lines(rows, rat)
     L += target_lines(rows, EDGE_DEFAULT.policy, runs)
+    L += first_token_lines(runs, rounds)
     lead = EDGE_DEFAULT.policy if any(r["policy"] == EDGE_DEFAULT.policy for r in rows) else "rapid"
     vs_ar = {r["set"]: r["vs_ar"] for r in rat if r["policy"] == lead and r["schedule"] == "none" and "vs_ar" in r}
     peers = read_jsonl(folder / "peers.jsonl")

@@ -28,7 +28,8 @@ RUN_FIELDS: dict[str, tuple[type, ...]] = {
         _NUM_OR_NULL)}
 # ... and the fields a round may have (name -> the JSON types allowed, checked where present)
 ROUND_OPTIONAL: dict[str, tuple[type, ...]] = {
-    **dict.fromkeys(("verify_s", "cloud_s", "load", "emitted", "reused_depth", "prefill_s", "lookup_depth"), _NUM),
+    **dict.fromkeys(("verify_s", "cloud_s", "load", "emitted", "reused_depth", "prefill_s", "lookup_depth",
+                     "t_rel_end"), _NUM),
     **dict.fromkeys(("profile", "schedule", "set", "prompt_id"), _TEXT)}
 _JSON_NAMES = {bool: "a boolean", str: "a string", list: "an array", dict: "an object", type(None): "null"}
 

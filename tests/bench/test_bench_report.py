@@ -46,6 +46,11 @@ def test_report_lists_the_targets(canned):
     assert "## Targets" in md and "rapid/fixed" in md and ("met" in md or "missed by" in md)
 
 
+def test_report_splits_time_to_first_token_from_the_rest(canned):
+    md = write_report(canned, plots=False)["report"].read_text()
+    assert "## Time to first token" in md and "| wan | sustained | c4 | rapid | 3 |" in md
+
+
 def test_report_states_the_sampling_setting(canned):
     import json
 
