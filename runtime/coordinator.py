@@ -233,8 +233,8 @@ class Coordinator:
                 await self._drain()
             finally:
                 await self.link.close()
-        wall = self.clock() - t_begin
-        return Generation(out, records, summarize(self.policy.name, records, len(out), wall), stopped, scores)
+        wall, ttft = self.clock() - t_begin, (records[0].t_end - t_begin if records else None)  # to the 1st verdict
+        return Generation(out, records, summarize(self.policy.name, records, len(out), wall, ttft), stopped, scores)
 
     def _draft_ahead(self, ahead: _Ahead) -> None:
         """Worker: the draft's prompt prefill, then round 0's tree (``ahead.depth`` levels)."""

@@ -57,18 +57,29 @@ class Summary:
     hit_rate: float | None
     discarded_ratio: float
     tokens_per_s: float
+    ttft_s: float | None = None  # from the start to the first verdict (its tokens are the first); None: no round
     extra: dict = field(default_factory=dict)
+
+    def decode_tok_s(self) -> float | None:
+        """Tokens per second after the first verdict: ``(tokens - 1) / (wall_s - ttft_s)``, the
+        inverse of the serving benchmarks' TPOT (None without a first verdict or a second token)."""
+        if self.ttft_s is None or self.tokens < 2 or self.wall_s <= self.ttft_s:
+            return None
+        return (self.tokens - 1) / (self.wall_s - self.ttft_s)
 
     def line(self) -> str:
         hit = "-" if self.hit_rate is None else f"{self.hit_rate:.0%}"
+        rate = self.decode_tok_s()
+        split = "" if rate is None else f"; first tokens after {self.ttft_s:.2f}s, then {rate:.2f} tok/s"
         return (f"[{self.policy}] {self.tokens} tokens in {self.rounds} rounds, {self.wall_s:.2f}s "
-                f"({self.tokens_per_s:.2f} tok/s); mean accepted {self.mean_accepted:.2f}, "
+                f"({self.tokens_per_s:.2f} tok/s{split}); mean accepted {self.mean_accepted:.2f}, "
                 f"tokens/target call {self.tokens_per_call:.2f}, mean depth {self.mean_depth:.2f}, "
                 f"interrupts {self.interrupts}, proactive hit rate {hit}, "
                 f"discarded expansions {self.discarded_ratio:.0%}")
 
 
-def summarize(policy: str, records: list[RoundRecord], tokens: int, wall_s: float) -> Summary:
+def summarize(policy: str, records: list[RoundRecord], tokens: int, wall_s: float,
+              ttft_s: float | None = None) -> Summary:
     n = max(len(records), 1)
     branches = [r for r in records if r.proactive_hit is not None]
     steps = sum(r.draft_steps + r.proactive_steps for r in records)
@@ -81,6 +92,7 @@ def summarize(policy: str, records: list[RoundRecord], tokens: int, wall_s: floa
         hit_rate=(sum(bool(r.proactive_hit) for r in branches) / len(branches)) if branches else None,
         discarded_ratio=sum(r.discarded_steps for r in records) / max(steps, 1),
         tokens_per_s=tokens / wall_s if wall_s > 0 else 0.0,
+        ttft_s=ttft_s,
     )
 
 

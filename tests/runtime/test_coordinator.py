@@ -211,3 +211,24 @@ def test_a_round_that_drafts_nothing_feeds_its_pending_tokens_and_sees_a_load_li
         assert first_drafted[1] <= 5, first_drafted
     finally:
         server.close()
+
+
+def test_the_summary_splits_the_first_verdict_from_the_decoding_after_it(tiny_pair):
+    """A cloud that holds Ready and every verdict 0.2 s: the first tokens come after both (the
+    prefill and round 0), and the rate after them counts the remaining tokens over the remaining
+    time (llama.cpp's prompt eval / eval split, vLLM's TTFT / TPOT); the summary line says both."""
+    target, drafts = tiny_pair
+    server = BackgroundServer(VerifierServer(target, answer_delay=lambda: 0.2))
+    try:
+        drafter = Drafter(TorchEngine(drafts["partial"], capacity=512), TreeParams(4, 10, 2, 2), (EOS_ID,))
+        coord = Coordinator(drafter, CloudLink(server.url), POLICIES["rapid-cost"], CoordinatorConfig(depth=4))
+        gen = asyncio.run(coord.generate(list(b"first tokens, then the rest"), 12, SamplingParams()))
+    finally:
+        server.close()
+    s = gen.summary
+    assert len(gen.records) >= 2 and s.tokens == 12
+    assert 0.4 <= s.ttft_s < s.wall_s
+    span = gen.records[-1].t_end - gen.records[0].t_end  # every verdict after the first comes after TTFT
+    assert span <= s.wall_s - s.ttft_s <= span + 1.0  # (then the close)
+    assert s.decode_tok_s() == (s.tokens - 1) / (s.wall_s - s.ttft_s)
+    assert f"first tokens after {s.ttft_s:.2f}s, then {s.decode_tok_s():.2f} tok/s" in s.line()
