@@ -1,7 +1,7 @@
 """Prometheus metrics of the ``rapid edge`` daemon: :class:`EdgeMetrics`.
 
 Owns the daemon's collector registry (requests, active/waiting generations, prompt and
-generated tokens, time to first token and end-to-end latency, rounds, draft/accepted tokens, tree
+generated tokens, time to first token, time per output token after it and end-to-end latency, rounds, draft/accepted tokens, tree
 depth, CAAC's ESR and eta per engine, proactive hits/misses/interrupts, draft step and cloud
 latency, reconnects, and the process's CPU/memory/fds) and :meth:`EdgeMetrics.observe`, which
 folds one generation's round records into it. Served as ``GET /metrics`` by :mod:`.openai_api`.
@@ -33,6 +33,9 @@ class EdgeMetrics:
         latency = (0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 60, 120)
         self.ttft = Histogram("rapid_edge_time_to_first_token_seconds", "Request start → first text piece",
                               buckets=latency, registry=r)
+        self.tpot = Histogram("rapid_edge_time_per_output_token_seconds",
+                              "First text piece → generation ended, per further token", registry=r,
+                              buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2))
         self.e2e = Histogram("rapid_edge_e2e_request_latency_seconds", "Request start → generation ended",
                              buckets=latency, registry=r)
         self.rounds = Counter("rapid_spec_decode_num_rounds", "Speculation rounds", registry=r)

@@ -159,8 +159,13 @@ class EdgeService:
         self.metrics.active.inc()
         session = self.sessions[id(edge)]
         link = session.link()
-        stream = TextStream(self.tokenizer, req.stop, res.pieces,
-                            lambda: self.metrics.ttft.observe(time.perf_counter() - t_start))
+        t_first: list[float] = []  # when the first text piece went out
+
+        def first_piece() -> None:
+            t_first.append(time.perf_counter())
+            self.metrics.ttft.observe(t_first[0] - t_start)
+
+        stream = TextStream(self.tokenizer, req.stop, res.pieces, first_piece)
 
         def on_tokens(ids: list[int]) -> None:
             res.completion_tokens += len(ids)
@@ -197,5 +202,8 @@ class EdgeService:
             res.text = stream.text_sent if res.finish_reason in ("stop", "abandoned") else stream.full
             res.logprobs = stream.logprobs
             self.metrics.tokens.inc(res.completion_tokens)
-            self.metrics.e2e.observe(time.perf_counter() - t_start)
+            t_end = time.perf_counter()
+            self.metrics.e2e.observe(t_end - t_start)
+            if t_first and res.completion_tokens > 1:  # vLLM's TPOT: every token after the first
+                self.metrics.tpot.observe((t_end - t_first[0]) / (res.completion_tokens - 1))
             res.pieces.put_nowait(None)

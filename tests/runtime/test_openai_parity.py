@@ -141,4 +141,9 @@ def test_metrics_have_latency_tokens_process_and_per_engine_gauges(stack):
     for name in ("rapid_edge_time_to_first_token_seconds_count", "rapid_edge_e2e_request_latency_seconds_count",
                  "rapid_edge_prompt_tokens_total", "process_resident_memory_bytes", 'rapid_edge_esr{engine="'):
         assert name in text, name
+    counts = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+              if line.startswith(("rapid_edge_time_per_output_token_seconds_count",
+                                  "rapid_edge_time_to_first_token_seconds_count"))}
+    assert counts["rapid_edge_time_per_output_token_seconds_count"] >= 1  # 5 tokens: four after the first
+    assert counts["rapid_edge_time_per_output_token_seconds_count"] <= counts["rapid_edge_time_to_first_token_seconds_count"]
     assert "_created" not in text
