@@ -61,10 +61,11 @@ COUNT_TARGETS = (
 
 
 def count_targets(default: str) -> tuple[CountTarget, ...]:
-    """COUNT_TARGETS, plus issue 22's RAPID target for ``default`` (the edge's default policy)
-    where that is not ``rapid``: ≥ 1.3× fixed on every set under sustained load."""
-    extra = CountTarget("sustained", default, "fixed", 1.3, None)
-    return COUNT_TARGETS if extra in COUNT_TARGETS else (extra, *COUNT_TARGETS)
+    """COUNT_TARGETS, plus, for ``default`` (the edge's default policy), issue 22's RAPID target
+    where that is not ``rapid`` (≥ 1.3× fixed on every set under sustained load) and issue 21's
+    floor (≥ 2.0× ar on every set without load)."""
+    extra = (CountTarget("sustained", default, "fixed", 1.3, None), CountTarget("none", default, "ar", 2.0, None))
+    return (*(t for t in extra if t not in COUNT_TARGETS), *COUNT_TARGETS)
 
 
 def _tok_s_by_cell(rows: list[dict]) -> dict[tuple[str, str, str], dict[str, float]]:

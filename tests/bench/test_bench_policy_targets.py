@@ -13,6 +13,7 @@ from rapid.bench.policy_targets import (
     fastest_checks,
     target_lines,
 )
+from rapid.bench.report import median_target_check
 
 
 def _rows(tok_s: dict[tuple[str, str, str], float]) -> list[dict]:
@@ -80,4 +81,16 @@ def test_the_default_policy_carries_the_rapid_target_in_the_report():
     rows = [{**r, "policy": "rapid-cost" if r["policy"] == "rapid" else r["policy"]} for r in ROWS]
     text = "\n".join(target_lines(rows, "rapid-cost"))
     assert "rapid-cost/fixed ≥ 1.3 | c4 1.50, oasst 1.20 | 1/2 | every set | missed" in text
-    assert count_targets("rapid") == COUNT_TARGETS  # rapid's own target is not repeated
+    assert count_targets("rapid") == (CountTarget("none", "rapid", "ar", 2.0, None), *COUNT_TARGETS)  # its 1.3
+    # target is not repeated; issue 21's floor (no set below 2.0x the target alone) is the default's
+    floor = [t for t in count_targets("rapid-cost") if t.base == "ar" and t.ratio == 2.0]
+    assert floor == [CountTarget("none", "rapid-cost", "ar", 2.0, None)]
+
+
+def test_issue_21s_median_target_is_the_defaults_3x_over_the_sets():
+    rat = [{"profile": "lan", "schedule": "none", "set": s, "policy": "rapid-cost", "vs_ar": v}
+           for s, v in zip(("c4", "humaneval", "mtbench", "oasst", "wikitext"), (1.64, 3.01, 2.74, 3.07, 2.23),
+                           strict=True)]
+    (row,) = median_target_check(rat)
+    assert (row["ratio"], row["goal"], row["met"]) == ("rapid-cost/ar", 3.0, False)
+    assert row["value"] == pytest.approx(2.74) and row["short_by"] == pytest.approx(0.26 / 3.0)
