@@ -7,7 +7,7 @@ tokens, is a fifth to a third of the wall time on a CPU target (~2 s of prefill 
 fp32 target). The two halves, per run::
 
     TTFT = t_rel_end of the run's first round   (its verdict emits the first tokens)
-    TPOT = (wall_s - TTFT) / (tokens - 1)       (vLLM's definition: every token after the first)
+    TPOT = (wall_s - TTFT) / (tokens - 1)       (vLLM's: ``rapid.runtime.telemetry.time_per_output_token``)
 
 and, per cell (profile, schedule, set), a policy's decode ratio over a base = median TPOT of the
 base / its median TPOT: the speed-up of the decoding after the first verdict, the prefill left
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from rapid.bench.md_table import cell, md_table
 from rapid.bench.traces import group_runs, run_key
+from rapid.runtime.telemetry import time_per_output_token
 
 
 @dataclass(slots=True, frozen=True)
@@ -55,10 +56,9 @@ def latency_splits(runs: list[dict], rounds: list[dict]) -> list[LatencySplit]:
     cells: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
     for run in runs:
         t = ttft.get(run_key(run))
-        if t is None or run["tokens"] < 2 or run["wall_s"] <= t:
-            continue
-        cells[(run["profile"], run["schedule"], run["set"], run["policy"])].append(
-            (t, (run["wall_s"] - t) / (run["tokens"] - 1)))
+        tpot = time_per_output_token(run["wall_s"], t, run["tokens"])
+        if tpot is not None:
+            cells[(run["profile"], run["schedule"], run["set"], run["policy"])].append((t, tpot))
     return [LatencySplit(*key, runs=len(v), ttft_s=statistics.median(a for a, _ in v),
                          tpot_s=statistics.median(b for _, b in v))
             for key, v in sorted(cells.items())]

@@ -35,7 +35,7 @@ class Completion:
     text: str
     tokens: list[int]  # the generated token ids
     stopped: bool  # ended on a stop token (else max_tokens)
-    summary: Summary  # rounds, acceptance, tok/s
+    summary: Summary  # rounds, acceptance, tok/s, time to the first verdict (ttft_s) and the rate after it
     scores: list[TokenScore]  # per token: the target's log-probability and top alternatives (logprobs >= 0)
 
 

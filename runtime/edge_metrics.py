@@ -1,9 +1,9 @@
 """Prometheus metrics of the ``rapid edge`` daemon: :class:`EdgeMetrics`.
 
 Owns the daemon's collector registry (requests, active/waiting generations, prompt and
-generated tokens, time to first token, time per output token after it and end-to-end latency, rounds, draft/accepted tokens, tree
-depth, CAAC's ESR and eta per engine, proactive hits/misses/interrupts, draft step and cloud
-latency, reconnects, and the process's CPU/memory/fds) and :meth:`EdgeMetrics.observe`, which
+generated tokens, time to first token, time per output token after it and end-to-end latency,
+rounds, draft/accepted tokens, tree depth, CAAC's ESR and eta per engine, proactive
+hits/misses/interrupts, draft step and cloud latency, reconnects, and the process's CPU/memory/fds) and :meth:`EdgeMetrics.observe`, which
 folds one generation's round records into it. Served as ``GET /metrics`` by :mod:`.openai_api`.
 Counters carry no ``_created`` twin samples (``disable_created_metrics``).
 """

@@ -29,6 +29,7 @@ from rapid.runtime.link import CloudError
 from rapid.runtime.openai_logprobs import TokenLogprob
 from rapid.runtime.policies import get_policy
 from rapid.runtime.session import EdgeSession
+from rapid.runtime.telemetry import time_per_output_token
 from rapid.runtime.text_stream import TextStream
 
 log = logging.getLogger("rapid.edge.daemon")
@@ -204,6 +205,7 @@ class EdgeService:
             self.metrics.tokens.inc(res.completion_tokens)
             t_end = time.perf_counter()
             self.metrics.e2e.observe(t_end - t_start)
-            if t_first and res.completion_tokens > 1:  # vLLM's TPOT: every token after the first
-                self.metrics.tpot.observe((t_end - t_first[0]) / (res.completion_tokens - 1))
+            tpot = time_per_output_token(t_end, t_first[0] if t_first else None, res.completion_tokens)
+            if tpot is not None:
+                self.metrics.tpot.observe(tpot)
             res.pieces.put_nowait(None)

@@ -44,6 +44,15 @@ class RoundRecord:
     t_end: float = 0.0
 
 
+def time_per_output_token(total_s: float, first_s: float | None, tokens: int) -> float | None:
+    """The serving benchmarks' TPOT (vLLM's): ``(total_s - first_s) / (tokens - 1)``, every token
+    after the first over the time after it; None without a first time, a second token or time
+    after the first."""
+    if first_s is None or tokens < 2 or total_s <= first_s:
+        return None
+    return (total_s - first_s) / (tokens - 1)
+
+
 @dataclass(slots=True)
 class Summary:
     policy: str
@@ -61,11 +70,9 @@ class Summary:
     extra: dict = field(default_factory=dict)
 
     def decode_tok_s(self) -> float | None:
-        """Tokens per second after the first verdict: ``(tokens - 1) / (wall_s - ttft_s)``, the
-        inverse of the serving benchmarks' TPOT (None without a first verdict or a second token)."""
-        if self.ttft_s is None or self.tokens < 2 or self.wall_s <= self.ttft_s:
-            return None
-        return (self.tokens - 1) / (self.wall_s - self.ttft_s)
+        """Tokens per second after the first verdict: 1 / ``time_per_output_token`` (None where that is)."""
+        tpot = time_per_output_token(self.wall_s, self.ttft_s, self.tokens)
+        return None if tpot is None else 1.0 / tpot
 
     def line(self) -> str:
         hit = "-" if self.hit_rate is None else f"{self.hit_rate:.0%}"

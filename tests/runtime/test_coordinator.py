@@ -6,6 +6,8 @@ import asyncio
 import itertools
 import time
 
+import pytest
+
 from rapid.core.sampling import SamplingParams
 from rapid.engines.torch_engine import TorchEngine
 from rapid.runtime.caac import CAACConfig
@@ -230,5 +232,5 @@ def test_the_summary_splits_the_first_verdict_from_the_decoding_after_it(tiny_pa
     assert 0.4 <= s.ttft_s < s.wall_s
     span = gen.records[-1].t_end - gen.records[0].t_end  # every verdict after the first comes after TTFT
     assert span <= s.wall_s - s.ttft_s <= span + 1.0  # (then the close)
-    assert s.decode_tok_s() == (s.tokens - 1) / (s.wall_s - s.ttft_s)
+    assert s.decode_tok_s() == pytest.approx((s.tokens - 1) / (s.wall_s - s.ttft_s))
     assert f"first tokens after {s.ttft_s:.2f}s, then {s.decode_tok_s():.2f} tok/s" in s.line()
