@@ -107,14 +107,19 @@ class Coordinator:
             self.step_hook(phase, k)
 
     def _draft(self, depth: int) -> int:
-        count = 0
+        """Worker: expand the active tree to ``depth`` levels; with the send cut on, no further
+        step where the cut would send nothing it adds (``TreeCut.pays_to_grow``); steps run."""
+        d, t0, count, last = self.drafter, self.clock(), 0, 0.0
 
         def on_step(rec):
-            nonlocal count
-            count += 1
+            nonlocal count, last
+            count, last = count + 1, rec.seconds
             self._after_step(rec, "draft", count)
 
-        self.drafter.draft(depth, on_step, self.policy.confidence_floor)
+        def pays(bound: float, added: int) -> bool:  # the drafting so far and the step it asks for
+            return self.cut.pays_to_grow(d.tree.score, self.clock() - t0 + last, bound, added, d.lookup_flags())
+
+        d.draft(depth, on_step, self.policy.confidence_floor, pays if d.params.cost_cut else None)
         return count
 
     def _branch(self, depth: int, if_hit: Callable[[int], int] | None = None,

@@ -252,16 +252,23 @@ class Drafter:
         return rec
 
     def draft(self, depth: int, on_step: Callable[[StepRecord], None] | None = None,
-              confidence_floor: float | None = None) -> list[StepRecord]:
+              confidence_floor: float | None = None,
+              pays: Callable[[float, int], bool] | None = None) -> list[StepRecord]:
         """Expand the active tree until it has ``depth`` levels (fewer if it cannot grow).
 
         ``confidence_floor`` (EdgeLLM-style fallback): stop once the best frontier node's own
-        draft probability falls below it.
+        draft probability falls below it. ``pays(bound, added)``: asked before each step after the
+        first with ``next_step_bound()``; stop where it says the step cannot pay
+        (``TreeCut.pays_to_grow``).
         """
         recs = []
         while self.levels < depth:
             if confidence_floor is not None and self.levels > 0 and self._confidence() < confidence_floor:
                 break
+            if pays is not None and self.levels > 0:
+                bound = self.next_step_bound()
+                if bound is None or not pays(*bound):
+                    break
             rec = self.step()
             if rec is None:
                 break
@@ -269,6 +276,17 @@ class Drafter:
             if on_step:
                 on_step(rec)
         return recs
+
+    def next_step_bound(self) -> tuple[float, int] | None:
+        """(the best score of the nodes the next step would feed, the most nodes it can add: fed
+        × topk); a child scores at most its parent, so no node the step adds scores above the
+        first. None where the tree cannot grow (or before the first step)."""
+        if self.levels == 0:
+            return None
+        nodes = self.tree.frontier(self.params.width, stop_ids=self.stop_ids)
+        if not nodes:
+            return None
+        return max(self.tree.score[i] for i in nodes), len(nodes) * self.params.topk
 
     def _confidence(self) -> float:
         best_one = self.tree.frontier(1, stop_ids=self.stop_ids)  # the best expandable node

@@ -234,3 +234,27 @@ def test_the_summary_splits_the_first_verdict_from_the_decoding_after_it(tiny_pa
     assert span <= s.wall_s - s.ttft_s <= span + 1.0  # (then the close)
     assert s.decode_tok_s() == pytest.approx((s.tokens - 1) / (s.wall_s - s.ttft_s))
     assert f"first tokens after {s.ttft_s:.2f}s, then {s.decode_tok_s():.2f} tok/s" in s.line()
+
+
+def test_the_send_cut_stops_the_drafting_where_no_further_level_would_be_sent(tiny_pair):
+    """A cloud whose verify grows steeply past 4 nodes and a draft unrelated to the target (its
+    nodes calibrate to ~0 accepted): with ``cost_cut`` the rounds stop drafting once no node a
+    step adds would be sent, instead of drafting ``fixed``'s 6 levels and cutting them; without
+    the cut every round drafts its 6. The tokens are the target's either way."""
+    target, drafts = tiny_pair
+    server = BackgroundServer(VerifierServer(target, curve=([1, 4, 64], [500, 1500, 60000])))
+    prompt = list(b"the cat sat on the mat")
+    try:
+        steps = {}
+        for cut in (False, True):
+            drafter = Drafter(TorchEngine(drafts["unrelated"], capacity=512), TreeParams(6, 16, 2, 2, cost_cut=cut),
+                              (EOS_ID,))
+            coord = Coordinator(drafter, CloudLink(server.url), POLICIES["fixed"], CoordinatorConfig(depth=6))
+            gen = asyncio.run(coord.generate(prompt, 30, SamplingParams()))
+            assert gen.tokens == reference_decode(target, prompt, 30, SamplingParams(), (EOS_ID,))
+            steps[cut] = [r.draft_steps for r in gen.records[1:-1] if r.depth == 6]  # not round 0 (drafted
+            # before Ready's curve) nor the last (capped by the tokens left)
+        assert steps[False] and all(s == 6 for s in steps[False]), steps
+        assert steps[True] and sum(steps[True]) < 6 * len(steps[True]) // 2, steps
+    finally:
+        server.close()

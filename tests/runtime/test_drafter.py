@@ -13,7 +13,7 @@ from rapid.core.geometry import ROOT
 from rapid.engines.torch_engine import TorchEngine
 from rapid.runtime.drafter import Drafter, DraftStateError, StepTimeoutError
 from rapid.runtime.tree import TreeParams
-from rapid.tiny import VOCAB
+from rapid.tiny import EOS_ID, VOCAB
 
 
 class Recording:
@@ -303,3 +303,25 @@ def test_without_a_second_wave_the_first_step_feeds_the_first_roots_alone(engine
     both.draft(2)
     next(both.proactive_steps())
     assert len(both.engine.seen[-1][0]) == 3 + 2  # the default: the width (2) best leaves ride in step 0
+
+
+def test_drafting_stops_where_a_step_cannot_pay(tiny_pair):
+    """``draft(pays=...)`` asks before each step after the first, with an upper bound of what the
+    step adds: no step where it says no; as planned where it says yes. No node the next step adds
+    scores above the bound, and it adds at most the bound's count."""
+    _, drafts = tiny_pair
+    asked: list[tuple[float, int]] = []
+    for verdict, levels in ((False, 1), (True, 4)):
+        d = Drafter(TorchEngine(drafts["partial"], capacity=256), TreeParams(4, 32, 2, 2), (EOS_ID,))
+        d.start(list(b"the cat sat on"))
+        d.prefill()
+        assert d.next_step_bound() is None  # the root's step always runs
+        d.draft(4, pays=lambda b, k, v=verdict: asked.append((b, k)) or v)
+        assert d.levels == levels
+    for _ in range(3):
+        bound, added = d.next_step_bound()
+        before = len(d.tree)
+        d.step()
+        new = range(before, len(d.tree))
+        assert len(new) <= added and all(d.tree.score[i] <= bound for i in new)
+    assert len(asked) == 1 + 3  # once before each step after the first

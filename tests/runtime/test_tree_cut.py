@@ -137,3 +137,46 @@ def test_the_cut_reads_the_cost_aware_controllers_estimates_without_observing_th
     own.observe_cloud([1, 2, 4], [0.1, 0.2, 0.4])
     own.observe_verdict([0.0] * 4, [False] * 4, 0.4, 0.05, [0])
     assert own.costs.link.rtt == pytest.approx(0.05) and 4 in own.costs.verify.measured
+
+
+def _steep_cut() -> TreeCut:
+    cut = TreeCut()
+    cut.observe_cloud([1, 4, 8, 16], [0.30, 0.31, 0.40, 0.72])  # flat to 4 nodes, then ~8 % of a step per node
+    cut.costs.link.observe(0, 0, 0.03)
+    return cut
+
+
+def test_a_step_pays_while_the_cut_would_send_a_node_it_adds():
+    cut = _steep_cut()
+    tree = [math.log(p) for p in (0.9, 0.7, 0.5, 0.3)]
+    assert cut.pays_to_grow(tree, 0.05, math.log(0.3), 2)  # 4 -> 6 nodes: 0.6 tokens for ~0.045 s
+    assert not cut.pays_to_grow(tree, 0.05, math.log(0.01), 4)  # 0.04 tokens for ~0.09 s
+    assert not cut.pays_to_grow(tree, 0.05, 0.0, 0)  # a step that adds nothing
+    assert TreeCut().pays_to_grow(tree, 0.05, math.log(0.01), 4)  # no curve yet: grow as planned
+    flat = TreeCut()
+    flat.observe_cloud([1, 64], [0.30, 0.30])
+    assert flat.pays_to_grow(tree, 0.05, math.log(0.001), 1)  # a node costs nothing: it is sent
+
+
+@given(st.lists(st.floats(-8, 0), min_size=1, max_size=30), st.floats(-8, 0), st.integers(1, 8),
+       st.lists(st.floats(0, 6), min_size=1, max_size=8), st.floats(0, 1), st.floats(0.01, 0.3),
+       st.lists(st.floats(0.0, 0.2), min_size=1, max_size=6), st.floats(G_MIN, G_MAX))
+def test_a_step_that_cannot_pay_adds_no_node_the_cut_sends(tree, bound, added, drops, draft_s, v1, slopes, gain):
+    """The bound is safe: where ``pays_to_grow`` says no, the cut of the grown tree (any number
+    up to ``added`` of children, each scoring at most ``bound``) sends none of them, whatever the
+    verify curve's shape (here any piecewise linear one, even falling)."""
+    cut = TreeCut()
+    xs = [1 + 5 * i for i in range(len(slopes) + 1)]
+    ys = [v1]
+    for s in slopes:
+        ys.append(max(0.001, ys[-1] + (s - 0.05) * 5))
+    cut.observe_cloud(xs, ys)
+    cut.costs.link.observe(0, 0, 0.02)
+    cut.draft.predicted, cut.draft.accepted = 1.0, gain  # g = gain
+    if cut.pays_to_grow(tree, draft_s, bound, added):
+        return
+    kids = [bound - d for d in drops[:added]]
+    order = sorted([(s, False) for s in tree] + [(s, True) for s in kids], key=lambda x: -x[0])  # stable: old first
+    n = best_cut([s for s, _ in order], lambda k: cut.costs.verify.predict(k) or 0.0,
+                 draft_s + (cut.costs.link.rtt or 0.0), cut.draft.gain)
+    assert not any(new for _, new in order[:n])
