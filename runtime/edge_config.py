@@ -127,7 +127,8 @@ class EdgeConfig:
                                "there scores log of this below a leaf's (rapid.runtime.ipdg); 1 = as the draft says")
     cost_cut: bool = _opt(True, "tree", "send all the nodes the budget keeps instead of only the best ones whose "
                           "expected accepted tokens pay for their verify time on the cloud's curve "
-                          "(rapid.runtime.tree_cut); without the flag the tree is cut", "--no-cost-cut")
+                          "(rapid.runtime.tree_cut), and draft every planned level; without the flag the tree is cut "
+                          "and no level is drafted that the cut would drop", "--no-cost-cut")
     max_tokens: int = _opt(64, "sampling", "new tokens to generate at most")
     temperature: float = _opt(0.0, "sampling", "0 = greedy")
     top_p: float = _opt(1.0, "sampling", "sampling nucleus (1 = off)")
