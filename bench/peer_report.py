@@ -17,6 +17,13 @@ Ceiling (``rounds.jsonl``, the ``rapid`` policy's rounds): per set,
     ideal                 mean depth of the trees sent: the accepted length had the target's path
                           been in every tree (the shape and the draft lose the difference)
     steps / round         mean draft steps (CAAC's depth), draft ms / round their mean time
+    planned, not sent     mean levels the round planned (its depth) and sent no node at: not
+                          drafted (the send cut stopped the drafting) or drafted and cut
+    dropped draft ms      mean critical-path drafting of levels past the sent tree's depth: a
+                          step drafts a level, after the levels a kept branch supplied (the
+                          previous round's ``reused_depth``); round 0's part before Ready left out.
+                          Where the plan and the cut disagree, this is what it costs (7-12 % of
+                          rapid-cost's wall time before the drafting asked the cut, docs/results.md)
 """
 
 from __future__ import annotations
@@ -102,6 +109,25 @@ def peer_lines(peers: list[dict], rapid_vs_ar: dict[str, float], policy: str = "
                          "same tokens", "rapid ahead"], rows)
 
 
+def dropped_draft_s(rs: list[dict]) -> list[float]:
+    """Per round of ``rs`` (one policy's rounds, any order), the critical-path seconds spent
+    drafting levels past the sent tree's depth (module docstring)."""
+    def key(r: dict, k: int) -> tuple:
+        return r.get("profile"), r.get("schedule"), r.get("set"), r.get("prompt_id"), r.get("repeat"), k
+
+    reused = {key(r, r.get("round", 0)): r.get("reused_depth", 0) for r in rs}
+    out = []
+    for r in rs:
+        steps, k = r["draft_steps"], r.get("round", 0)
+        if not steps:
+            out.append(0.0)
+            continue
+        have = reused.get(key(r, k - 1), 0) if k > 0 else 0
+        past = min(steps, max(0, have + steps - max(r.get("tree_depth", 0), r.get("lookup_depth", 0))))
+        out.append(past * max(0.0, r["draft_s"] - r.get("ahead_s", 0.0)) / steps)
+    return out
+
+
 def ceiling_rows(rounds: list[dict], policy: str = "rapid") -> list[dict]:
     """Per set, the module docstring's ceiling columns from the ``policy``'s and ar's rounds."""
     by_set: dict[str, list[dict]] = defaultdict(list)
@@ -124,6 +150,9 @@ def ceiling_rows(rounds: list[dict], policy: str = "rapid") -> list[dict]:
             "ideal": statistics.fmean(r.get("tree_depth", 0) for r in rs),
             "steps": statistics.fmean(r["draft_steps"] for r in rs),
             "draft_ms": 1000 * statistics.fmean(r["draft_s"] for r in rs),
+            "unsent": statistics.fmean(max(0, r.get("depth", 0) - max(r.get("tree_depth", 0), r.get("lookup_depth", 0)))
+                                       for r in rs),
+            "dropped_ms": 1000 * statistics.fmean(dropped_draft_s(rs)),
         })
     return out
 
@@ -134,7 +163,8 @@ def ceiling_lines(rounds: list[dict], policy: str = "rapid") -> list[str]:
         return []
     L = ["", f"## Where the accepted length stops ({policy}'s rounds, no load)", ""]
     return L + md_table(["set", "accepted / round", "tokens / verify", "nodes sent", "verify ms", "T=1 verify ms",
-                         "ideal (tree depth)", "steps / round", "draft ms / round"],
+                         "ideal (tree depth)", "steps / round", "draft ms / round", "planned, not sent",
+                         "dropped draft ms"],
                         ([r["set"], f"{r['accepted']:.2f}", f"{r['per_verify']:.2f}", f"{r['nodes']:.0f}",
                           f"{r['verify_ms']:.0f}", cell(r["t1_ms"], ".0f"), f"{r['ideal']:.2f}", f"{r['steps']:.2f}",
-                          f"{r['draft_ms']:.0f}"] for r in rows))
+                          f"{r['draft_ms']:.0f}", f"{r['unsent']:.2f}", f"{r['dropped_ms']:.0f}"] for r in rows))

@@ -9,6 +9,7 @@ import pytest
 from rapid.bench.peer_report import (
     ceiling_lines,
     ceiling_rows,
+    dropped_draft_s,
     peer_lines,
     peer_ratios,
     peer_tok_s,
@@ -70,10 +71,25 @@ def test_ceiling_rows_use_rapids_rounds_and_ars_one_token_verify():
     (row,) = ceiling_rows(rounds)
     assert row["accepted"] == 2 and row["per_verify"] == 3 and row["ideal"] == 4
     assert row["verify_ms"] == pytest.approx(150) and row["t1_ms"] == pytest.approx(100)
-    assert ceiling_lines(rounds)[-1] == "| c4 | 2.00 | 3.00 | 6 | 150 | 100 | 4.00 | 3.00 | 60 |"
+    assert ceiling_lines(rounds)[-1] == "| c4 | 2.00 | 3.00 | 6 | 150 | 100 | 4.00 | 3.00 | 60 | 0.00 | 0 |"
     assert ceiling_lines(rounds, "rapid-cost") == []  # another policy's rounds: none here
     assert "(rapid-cost's rounds" in ceiling_lines(
         [dict(r, policy="rapid-cost") if r["policy"] == "rapid" else r for r in rounds], "rapid-cost")[1]
+
+
+def test_the_ceiling_counts_the_drafting_of_levels_the_round_did_not_send():
+    """Round 0 planned 4, drafted 4 steps (20 ms each), sent 2 levels: 2 steps dropped; its kept
+    branch supplied 3 levels of round 1, which drafted 2 more and sent 4: 1 step dropped. The
+    other generation's round 1 follows its own round 0 (no branch kept), not this one's."""
+    base = {"set": "c4", "policy": "rapid-cost", "schedule": "none", "profile": "lan", "prompt_id": "0",
+            "repeat": 0, "accepted": 1, "emitted": 2, "tree_nodes": 4, "verify_s": 0.1}
+    rounds = [dict(base, round=0, depth=4, tree_depth=2, draft_steps=4, draft_s=0.08, reused_depth=3),
+              dict(base, round=1, depth=5, tree_depth=4, draft_steps=2, draft_s=0.04, reused_depth=0),
+              dict(base, repeat=1, round=0, depth=2, tree_depth=2, draft_steps=2, draft_s=0.04, reused_depth=0),
+              dict(base, repeat=1, round=1, depth=2, tree_depth=1, lookup_depth=2, draft_steps=2, draft_s=0.04)]
+    assert dropped_draft_s(rounds) == pytest.approx([0.04, 0.02, 0.0, 0.0])
+    (row,) = ceiling_rows(rounds, "rapid-cost")
+    assert row["unsent"] == pytest.approx((2 + 1 + 0 + 0) / 4) and row["dropped_ms"] == pytest.approx(15)
 
 
 def test_report_includes_both_sections(canned):
