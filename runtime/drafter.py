@@ -254,21 +254,16 @@ class Drafter:
     def draft(self, depth: int, on_step: Callable[[StepRecord], None] | None = None,
               confidence_floor: float | None = None,
               pays: Callable[[float, int], bool] | None = None) -> list[StepRecord]:
-        """Expand the active tree until it has ``depth`` levels (fewer if it cannot grow).
-
-        ``confidence_floor`` (EdgeLLM-style fallback): stop once the best frontier node's own
-        draft probability falls below it. ``pays(bound, added)``: asked before each step after the
-        first with ``next_step_bound()``; stop where it says the step cannot pay
-        (``TreeCut.pays_to_grow``).
-        """
+        """Expand the active tree until it has ``depth`` levels (fewer if it cannot grow), stopping
+        once the best frontier node's own draft probability falls below ``confidence_floor``
+        (EdgeLLM-style fallback) or ``pays(*next_step_bound())`` says the next step cannot pay
+        (``TreeCut.pays_to_grow``; asked before each step after the first)."""
         recs = []
         while self.levels < depth:
             if confidence_floor is not None and self.levels > 0 and self._confidence() < confidence_floor:
                 break
-            if pays is not None and self.levels > 0:
-                bound = self.next_step_bound()
-                if bound is None or not pays(*bound):
-                    break
+            if pays is not None and self.levels > 0 and not pays(*(self.next_step_bound() or (0.0, 0))):
+                break
             rec = self.step()
             if rec is None:
                 break
@@ -278,9 +273,8 @@ class Drafter:
         return recs
 
     def next_step_bound(self) -> tuple[float, int] | None:
-        """(the best score of the nodes the next step would feed, the most nodes it can add: fed
-        × topk); a child scores at most its parent, so no node the step adds scores above the
-        first. None where the tree cannot grow (or before the first step)."""
+        """(the best score of the nodes the next step feeds, the most nodes it adds: fed × topk):
+        a child scores at most its parent. None before the first step or where nothing can grow."""
         if self.levels == 0:
             return None
         nodes = self.tree.frontier(self.params.width, stop_ids=self.stop_ids)
