@@ -109,6 +109,11 @@ def peer_lines(peers: list[dict], rapid_vs_ar: dict[str, float], policy: str = "
                          "same tokens", "rapid ahead"], rows)
 
 
+def _sent_depth(r: dict) -> int:
+    """The depth of the tree a round sent: its drafted nodes' or its lookup chain's, the deeper."""
+    return max(r.get("tree_depth", 0), r.get("lookup_depth", 0))
+
+
 def dropped_draft_s(rs: list[dict]) -> list[float]:
     """Per round of ``rs`` (one policy's rounds, any order), the critical-path seconds spent
     drafting levels past the sent tree's depth (module docstring)."""
@@ -123,7 +128,7 @@ def dropped_draft_s(rs: list[dict]) -> list[float]:
             out.append(0.0)
             continue
         have = reused.get(key(r, k - 1), 0) if k > 0 else 0
-        past = min(steps, max(0, have + steps - max(r.get("tree_depth", 0), r.get("lookup_depth", 0))))
+        past = min(steps, max(0, have + steps - _sent_depth(r)))
         out.append(past * max(0.0, r["draft_s"] - r.get("ahead_s", 0.0)) / steps)
     return out
 
@@ -150,8 +155,7 @@ def ceiling_rows(rounds: list[dict], policy: str = "rapid") -> list[dict]:
             "ideal": statistics.fmean(r.get("tree_depth", 0) for r in rs),
             "steps": statistics.fmean(r["draft_steps"] for r in rs),
             "draft_ms": 1000 * statistics.fmean(r["draft_s"] for r in rs),
-            "unsent": statistics.fmean(max(0, r.get("depth", 0) - max(r.get("tree_depth", 0), r.get("lookup_depth", 0)))
-                                       for r in rs),
+            "unsent": statistics.fmean(max(0, r.get("depth", 0) - _sent_depth(r)) for r in rs),
             "dropped_ms": 1000 * statistics.fmean(dropped_draft_s(rs)),
         })
     return out

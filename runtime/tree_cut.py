@@ -131,29 +131,33 @@ class TreeCut:
     def nodes(self, scores: Sequence[float], draft_s: float, lookup: Sequence[bool] | None = None) -> int:
         """How many of the nodes (``scores`` in any order, ``lookup`` flags aligned: none by
         default) to send: all while no curve is known."""
-        verify = self.costs.verify
-        if len(scores) <= 1 or verify.predict(1) is None:
+        if len(scores) <= 1 or self.costs.verify.predict(1) is None:
             return len(scores)
-        flags = lookup if lookup is not None else [False] * len(scores)
-        order = sorted(zip(scores, flags, strict=True), key=lambda x: -x[0])
-        gains = [self.lookup.gain if f else self.draft.gain for _, f in order]
-        fixed = max(0.0, draft_s) + (self.costs.link.rtt or 0.0)
-        return best_cut([s for s, _ in order], lambda n: verify.predict(n) or 0.0, fixed, gains)
+        return self._prefix(_tagged(scores, lookup), draft_s)[0]
 
     def pays_to_grow(self, scores: Sequence[float], draft_s: float, bound: float, added: int,
                      lookup: Sequence[bool] | None = None) -> bool:
         """Would the cut send any of ``added`` draft nodes scoring ``bound`` joined to the tree
         (``scores``, ``lookup`` flags) after ``draft_s`` seconds of drafting (module docstring)?
         True while no curve is known; False for ``added`` <= 0."""
-        verify = self.costs.verify
         if added <= 0:
             return False
-        if verify.predict(1) is None:
+        if self.costs.verify.predict(1) is None:
             return True
-        flags = lookup if lookup is not None else [False] * len(scores)
-        nodes = [(s, f, False) for s, f in zip(scores, flags, strict=True)] + [(bound, False, True)] * added
-        nodes.sort(key=lambda x: (-x[0], not x[2]))  # a new node before an equal old one
-        gains = [self.lookup.gain if f else self.draft.gain for _, f, _ in nodes]
+        n, order = self._prefix(_tagged(scores, lookup) + [(bound, False, True)] * added, draft_s)
+        return any(new for _, _, new in order[:n])
+
+    def _prefix(self, nodes: list[tuple[float, bool, bool]], draft_s: float) -> tuple[int, list[tuple[float, bool, bool]]]:
+        """``nodes`` (score, lookup, new) best first by score (a new node before an equal old one,
+        else in the given order) and the cut's ``n*`` over that order."""
+        verify = self.costs.verify
+        order = sorted(nodes, key=lambda x: (-x[0], not x[2]))
+        gains = [self.lookup.gain if f else self.draft.gain for _, f, _ in order]
         fixed = max(0.0, draft_s) + (self.costs.link.rtt or 0.0)
-        n = best_cut([s for s, _, _ in nodes], lambda k: verify.predict(k) or 0.0, fixed, gains)
-        return any(new for _, _, new in nodes[:n])
+        return best_cut([s for s, _, _ in order], lambda k: verify.predict(k) or 0.0, fixed, gains), order
+
+
+def _tagged(scores: Sequence[float], lookup: Sequence[bool] | None) -> list[tuple[float, bool, bool]]:
+    """(score, lookup flag, new = False) per node of a drafted tree (no flags: none on a chain)."""
+    flags = lookup if lookup is not None else [False] * len(scores)
+    return [(s, f, False) for s, f in zip(scores, flags, strict=True)]
