@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from rapid.runtime.ahead_gate import AheadGate
 from rapid.runtime.branch_gate import BranchGate
 
 
@@ -59,6 +60,7 @@ class DepthController(Protocol):
     that is carried with it from one request to the next."""
 
     gate: BranchGate
+    ahead: AheadGate
 
     def observe_step(self, seconds: float, tokens: int) -> None: ...
 
