@@ -18,8 +18,6 @@ Model (one edge; N edges share one cloud in the scale study):
   before each step, fed as the coordinator feeds it (step and send→verdict times, and the root
   wave a verdict lands on: a verdict inside the tree on the first, a fully accepted one on the
   second; a drawn hit counts only when a step ran; ``rapid.bench.sim_branch``);
-- round 0 is drafted while the cloud prefills; an adaptive policy drafts past its plan while a step
-  ends by Ready + ``late`` of a step (``rapid.runtime.ahead_gate``, the Ready time known);
 - a round that drafts nothing (``rapid-cost`` at depth 0) sends the replayed lookup chain alone
   (no branch); the sim's controller is not told the chains (no ``observe_lookup``), so it skips
   drafting only where the step's price alone says so;
@@ -342,8 +340,6 @@ class _Cloud:
                 depth = e.reused + steps
                 break
         e.res.draft_steps += steps
-        if e.res.rounds == 0 and e.cal.draft_ahead and e.policy.free_levels and depth > 0:
-            depth, t = _free_levels(e, depth, t, now)
         t = max(t, now)  # (round 0 drafted ahead: sent once Ready is in)
         nodes = float(depth) if e.oracle else (e.cal.nodes(depth, e.policy.name) if depth > 0
                                                else float(e.sent_levels(0)))  # depth 0: the lookup chain
@@ -386,17 +382,3 @@ def sim_tok_s(policy, cal, sched, prof, tokens, seeds, **kw) -> float:
     return statistics.fmean(
         statistics.fmean(r.tok_s for r in simulate(policy, cal, sched, prof, tokens, s, **kw)["edges"])
         for s in range(seeds))
-
-
-def _free_levels(e, depth: int, t: float, ready: float) -> tuple[int, float]:
-    """Round 0's levels past the plan while the cloud prefills (``rapid.runtime.ahead_gate``, with
-    the Ready time known: the gate's estimate after a request); (depth, when the tree is done)."""
-    cap, late = min(e.ctrl.config.max_depth, e.target - e.pos - 1), e.ctrl.ahead.late
-    while depth < cap:
-        d = e.step_time(t)
-        if t + d > ready + late * d:
-            break
-        t, depth = t + d, depth + 1
-        e.ctrl.observe_step(d, e.cal.step_tokens)
-        e.res.draft_steps += 1
-    return depth, t

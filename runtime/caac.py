@@ -105,7 +105,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-from rapid.runtime.ahead_gate import AheadGate
 from rapid.runtime.branch_gate import BranchGate
 from rapid.runtime.depth_control import CAACDecision, carried_by_chain
 from rapid.runtime.step_cost import Slowdown
@@ -221,7 +220,6 @@ class CAAC:
         # cloud times are this device's and this link's, its P(kept) this pair's, so a session's
         # next request starts from them, not from "unknown: start every step" and the prior
         self.gate = BranchGate()
-        self.ahead = AheadGate()  # round 0's free levels (runtime.ahead_gate): this link's Ready time
 
     def _duration_ok(self, seconds: object) -> bool:
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):

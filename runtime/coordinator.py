@@ -18,8 +18,7 @@ Round i:
 
 Round 0's tree needs nothing from the cloud (its root is the prompt's last token), so the draft's
 prefill and that tree run on a worker while the cloud prefills the prompt (Hello → Ready); only
-what outlasts Ready is on the round's path (``RoundRecord.ahead_s``: the part that was not). An
-adaptive policy keeps drafting levels there while they are about free (runtime.ahead_gate).
+what outlasts Ready is on the round's path (``RoundRecord.ahead_s``: the part that was not).
 
 The cloud's acceptance rule is untouched, so the emitted tokens equal target-only decoding
 whatever the policy, the timing or the interruptions. With ``logprobs`` k >= 0 the cloud also
@@ -96,7 +95,6 @@ class Coordinator:
         self.gate = self.controller.gate
         self._waves = WAVES  # root waves of the current branch: 1 where a second step would end late
         self._halt = threading.Event()  # set when a generation ends: workers stop at the next step
-        self._ready = threading.Event()  # set when the cloud's Ready is in: round 0's free levels stop
         self._workers: set[asyncio.Future] = set()
 
     def _after_step(self, rec, phase: str, k: int) -> None:
@@ -108,10 +106,9 @@ class Coordinator:
         if self.step_hook:
             self.step_hook(phase, k)
 
-    def _draft(self, depth: int, free: bool = False) -> int:
+    def _draft(self, depth: int) -> int:
         """Worker: expand the active tree to ``depth`` levels; with the send cut on, no further
-        step where the cut would send nothing it adds (``TreeCut.pays_to_grow``; ``free``: the
-        drafting is off the round's path, priced at 0); steps run."""
+        step where the cut would send nothing it adds (``TreeCut.pays_to_grow``); steps run."""
         d, t0, count, last = self.drafter, self.clock(), 0, 0.0
 
         def on_step(rec):
@@ -120,8 +117,7 @@ class Coordinator:
             self._after_step(rec, "draft", count)
 
         def pays(bound: float, added: int) -> bool:  # the drafting so far and the step it asks for
-            spent = 0.0 if free else self.clock() - t0 + last
-            return self.cut.pays_to_grow(d.tree.score, spent, bound, added, d.lookup_flags())
+            return self.cut.pays_to_grow(d.tree.score, self.clock() - t0 + last, bound, added, d.lookup_flags())
 
         d.draft(depth, on_step, self.policy.confidence_floor, pays if d.params.cost_cut else None)
         return count
@@ -218,22 +214,18 @@ class Coordinator:
         d = self.drafter
         d.params = settle_draft(d.params, d.engine.info.capacity, len(prompt), max_new)
         self._halt.clear()
-        self._ready.clear()
         t_begin = self.clock()
         try:
             d.start(prompt, sampling)  # under sampling the drafter couples to the target's noise
             self.controller.new_request()
             decision = self.controller.next_depth(self.policy.proactive)
-            ahead = _Ahead(decision, round_depth(decision.depth, max_new, d.levels), t_begin, len(prompt),
-                           round_depth(self.cfg.caac.max_depth, max_new, 0))
+            ahead = _Ahead(decision, round_depth(decision.depth, max_new, d.levels))
             # the draft's prefill and round 0's tree while the cloud prefills (neither needs Ready)
             work = self._spawn(self._draft_ahead, ahead) if self.policy.drafting else None
             ready = await self.link.open(Hello(list(prompt), sampling.temperature, sampling.top_p, sampling.top_k,
                                                sampling.seed, max_nodes=d.params.budget, logprobs=logprobs),
                                          d.transcript)
             t_ready = self.clock()
-            self._ready.set()
-            self.controller.ahead.observe(t_ready - t_begin, len(prompt))
             if work is not None:  # before settle_cloud changes the params the worker reads
                 await asyncio.shield(work)
             d.params, max_new = settle_cloud(d.params, ready, len(prompt), max_new, self.policy.drafting, fit_cloud)
@@ -255,23 +247,8 @@ class Coordinator:
         ahead.prefill_s = step.seconds if step is not None else 0.0
         t0 = self.clock()
         ahead.steps = self._expand(ahead.depth)
-        if self.policy.free_levels and ahead.steps > 0:
-            ahead.steps += self._free_levels(ahead, (self.clock() - t0) / ahead.steps)
         ahead.t_done = self.clock()
         ahead.draft_s = ahead.t_done - t0
-
-    def _free_levels(self, ahead: _Ahead, step_s: float) -> int:
-        """Worker: round 0's levels past the plan, one step at a time while the cloud still
-        prefills (``AheadGate.start`` on the last step's seconds, first the planned steps' mean;
-        the Ready flag read after every complete step); steps run."""
-        d, steps, gate = self.drafter, 0, self.controller.ahead
-        while d.levels < ahead.cap and not self._ready.is_set() \
-                and gate.start(self.clock() - ahead.t_hello, step_s, ahead.prompt_tokens):
-            t0 = self.clock()
-            if self._draft(d.levels + 1, free=True) == 0:
-                break
-            steps, step_s = steps + 1, self.clock() - t0
-        return steps
 
     async def _rounds(self, max_new: int, on_tokens: Callable[[list[int]], None] | None,
                       on_scores: Callable[[list[TokenScore]], None] | None, ahead: _Ahead, t_ready: float):
@@ -393,10 +370,7 @@ class Coordinator:
 class _Ahead:
     """Round 0's tree, drafted on a worker while the cloud prefills the prompt."""
     decision: CAACDecision  # the controller's first decision of the request
-    depth: int  # the levels planned (round_depth of the decision before Ready)
-    t_hello: float  # when the request began (the coordinator's clock)
-    prompt_tokens: int
-    cap: int  # the most levels it may draft (the controller's deepest, capped by the tokens to go)
+    depth: int  # the levels drafted (round_depth of the decision before Ready)
     steps: int = 0  # draft steps run
     prefill_s: float = 0.0  # the draft's prompt prefill before them
     draft_s: float = 0.0  # drafting the tree

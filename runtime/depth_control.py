@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from rapid.runtime.ahead_gate import AheadGate
 from rapid.runtime.branch_gate import BranchGate
 
 
@@ -60,7 +59,6 @@ class DepthController(Protocol):
     that is carried with it from one request to the next."""
 
     gate: BranchGate
-    ahead: AheadGate
 
     def observe_step(self, seconds: float, tokens: int) -> None: ...
 

@@ -33,12 +33,6 @@ class Policy:
     chain_branch: bool = False  # proactive branch is a single chain (width 1)
     cost_aware: bool = False  # the depth maximises expected tokens per second (runtime.cost_caac)
 
-    @property
-    def free_levels(self) -> bool:
-        """Round 0 drafts past its planned depth while the cloud prefills (runtime.ahead_gate):
-        a policy that sets its depth or drafts in the cloud's wait; ``fixed`` drafts its L, no more."""
-        return self.drafting and (self.adaptive_depth or self.proactive)
-
 
 POLICIES: dict[str, Policy] = {
     p.name: p

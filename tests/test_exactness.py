@@ -42,9 +42,7 @@ def cloud(tiny_pair):
     server.close()
 
 
-def run_edge(url, draft, policy, prompt, max_new, sampling, tree, stop_ids, step_delays=(), free=False):
-    """``free``: the controller expects Ready late (1 s a prompt token), so an adaptive policy
-    drafts round 0 past its plan until Ready comes (runtime.ahead_gate)."""
+def run_edge(url, draft, policy, prompt, max_new, sampling, tree, stop_ids, step_delays=()):
     delays = list(step_delays)
 
     def hook(phase, k):
@@ -53,8 +51,6 @@ def run_edge(url, draft, policy, prompt, max_new, sampling, tree, stop_ids, step
 
     drafter = Drafter(TorchEngine(draft, capacity=1024), tree, stop_ids)
     coord = Coordinator(drafter, CloudLink(url), POLICIES[policy], CoordinatorConfig(depth=tree.depth), step_hook=hook)
-    if free:
-        coord.controller.ahead.observe(1.0, 1)
     return asyncio.run(coord.generate(prompt, max_new, sampling))
 
 
@@ -73,10 +69,10 @@ sampling_st = st.one_of(
     depth=st.integers(1, 8), budget=st.integers(1, 64), topk=st.integers(1, 4), width=st.integers(1, 4),
     max_new=st.integers(1, 28), sampling=sampling_st, stop_at=st.none() | st.integers(0, 27),
     step_delays=st.lists(st.sampled_from([0.0, 0.0005, 0.002]), max_size=4), roots=st.integers(1, 4),
-    cut=st.booleans(), free=st.booleans(),
+    cut=st.booleans(),
 )
 def test_every_policy_matches_target_alone(cloud, tiny_pair, policy, draft, prompt, depth, budget, topk, width,
-                                           max_new, sampling, stop_at, step_delays, roots, cut, free):
+                                           max_new, sampling, stop_at, step_delays, roots, cut):
     target, drafts = tiny_pair
     stop_ids = (EOS_ID,)
     if stop_at is not None:  # make a token the reference really emits a stop token: exercises early stops
@@ -84,8 +80,7 @@ def test_every_policy_matches_target_alone(cloud, tiny_pair, policy, draft, prom
         stop_ids = (EOS_ID, full[stop_at])
     expected = reference_decode(target, prompt, max_new, sampling, stop_ids)
     gen = run_edge(cloud.url, drafts[draft], policy, prompt, max_new, sampling,
-                   TreeParams(depth, budget, topk, width, branch_roots=roots, cost_cut=cut), stop_ids, step_delays,
-                   free)
+                   TreeParams(depth, budget, topk, width, branch_roots=roots, cost_cut=cut), stop_ids, step_delays)
     assert gen.tokens == expected
     assert len(gen.tokens) <= max_new
     assert sum(r.emitted for r in gen.records) == len(gen.tokens)

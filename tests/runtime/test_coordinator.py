@@ -258,30 +258,3 @@ def test_the_send_cut_stops_the_drafting_where_no_further_level_would_be_sent(ti
         assert steps[True] and sum(steps[True]) < 6 * len(steps[True]) // 2, steps
     finally:
         server.close()
-
-
-def test_round_0_drafts_free_levels_while_the_cloud_still_prefills(tiny_pair):
-    """A cloud that holds Ready 0.4 s and steps of ~10 ms: once a request has shown how long Ready
-    takes (per prompt token), an adaptive policy drafts round 0 past its planned 2 levels while the
-    cloud still prefills (runtime.ahead_gate), all of it before Ready; ``fixed`` drafts its 2 and no
-    more, and the first request (Ready time unknown) drafts the plan. The tokens are the target's."""
-    target, drafts = tiny_pair
-    server = BackgroundServer(VerifierServer(target, answer_delay=lambda: 0.4))
-    try:
-        for name in ("fixed", "rapid", "caac"):
-            cfg = CoordinatorConfig(depth=2)
-            ctrl, steps = controller_for(POLICIES[name], cfg), []
-            for prompt in (list(b"first, the Ready time"), list(b"then free levels, as many")):
-                drafter = Drafter(TorchEngine(drafts["partial"], capacity=512), TreeParams(2, 10, 2, 2), (EOS_ID,))
-                coord = Coordinator(drafter, CloudLink(server.url), POLICIES[name], cfg, controller=ctrl,
-                                    step_hook=lambda phase, k: time.sleep(0.01))
-                gen = asyncio.run(coord.generate(prompt, 12, SamplingParams()))
-                assert gen.tokens == reference_decode(target, prompt, 12, SamplingParams(), (EOS_ID,))
-                first = gen.records[0]
-                steps.append(first.draft_steps)
-                assert first.ahead_s == first.draft_s, (name, first)  # every level before Ready
-            assert steps[0] <= 2, (name, steps)
-            assert (steps[1] > 2) == (name != "fixed"), (name, steps)
-            assert ctrl.ahead.per_token_s > 0.0
-    finally:
-        server.close()
