@@ -11,8 +11,9 @@ kept, and it is kept far more often after a fully accepted round::
                                                   / (draft(D, r) + RTT + V(n(D)) - saved(D))
     draft(D, r) = sigma * sum_{l=r..D-1} tau_hat(T_l),   T_0 = 1 (the root step), T_l = width (frontier)
     sigma       = ESR while CAAC's gate is shut (eta < 1), else 1     (the contended step cost)
-    saved(D)    = (P(reach D) k_full + (1 - P(reach D)) k_part) (1 - P_lookup(D + 1))
+    saved(D)    = (P(reach D) k_full' + (1 - P(reach D)) k_part) (1 - P_lookup(D + 1))
                   * min(RTT + V(n(D)), draft(D, 0))          (proactive policies; 0 otherwise)
+    k_full'     = k_full where the branch gate lets a second wave run (2 s <= T), else 0
     L = clamp(depth*, min_depth, max_depth)
 
 ``P(reach d)``, ``V`` (the cloud's verify curve from ``Ready``, refreshed by each verdict's
@@ -27,6 +28,16 @@ sample of ``k_full`` / ``k_part`` either. Counted as a full round that lost its 
 copy rounds drove ``k_full`` down for the next request; priced as a likely saving, they kept
 rapid-cost drafting depth 1 beside a 9-token chain (a round of 0.36 s where the chain alone
 took 0.23 s on the Zen 4's slow edge).
+
+A fully accepted round ends on a leaf of D_i, which no draft step has fed: a root there needs the
+branch's second step (``rapid.runtime.branch_gate``: the first feeds the leaves, the second the
+roots below them), and the gate runs none where two branch steps outlast the wait (2 s > T, with
+``s`` the branch's own contended step). Then no branch can be kept after a fully accepted round:
+``k_full`` is priced at 0, and such a round is no sample of it (it says nothing of how often a
+second wave is kept). Learnt across loads instead, ``k_full`` carried the no-load rate (~0.8)
+into a sustained load where a step is 0.7 of the wait, and priced depth 2 for a saving that could
+not happen: on the Zen 2's slow edge rapid-cost's depth-2 rounds under load gave 2.92-2.98
+tokens/s against 3.12-3.13 at depth 1 (``bench-out/zen2-slow-stop``, ``zen2-slow-free``).
 
 Under load the gate does not multiply the depth (CAAC's ``eta * B_hat``): a slowdown raises the
 price of a draft step by ESR, the slowdown the gate measures, and the depth is the argmax at that
@@ -198,8 +209,10 @@ class CostAwareCAAC(CAAC):
         self.costs.verify.observe(int(nodes), float(verify_s))
         self.costs.link.observe(int(depth), int(nodes), rtt_s)
         self._count_undrafted(depth)
-        if hit is not None and accepted is not None and not carried_by_chain(accepted, depth):  # (docstring)
-            self._branch.observe(accepted >= depth, bool(hit))
+        full = accepted is not None and accepted >= depth
+        if hit is not None and accepted is not None and not carried_by_chain(accepted, depth) \
+                and (not full or self.gate.second_wave(0.0)):  # (docstring)
+            self._branch.observe(full, bool(hit))
 
     def _count_undrafted(self, depth: int) -> None:
         """Rounds without a draft step in a row, and the probe interval: a probe (a drafted round
@@ -236,7 +249,8 @@ class CostAwareCAAC(CAAC):
         reach = self._reach.reach()
         if proactive:  # the critical path less the expected saving of a kept branch (docstring)
             whole = draft_seconds(table, link.width, c.max_depth, 0) or steps
-            kf, kp = self._branch.rate(True), self._branch.rate(False)
+            kf = self._branch.rate(True) if self.gate.second_wave(0.0) else 0.0  # (docstring)
+            kp = self._branch.rate(False)
             past = [chains[d] if d < len(chains) else 0.0 for d in range(c.max_depth + 1)]  # P(a chain passes D)
             steps = [steps[0]] + [steps[d] - (reach[d - 1] * kf + (1 - reach[d - 1]) * kp) * (1.0 - past[d])
                                   * min(link.rtt + verify[d], whole[d]) for d in range(1, c.max_depth + 1)]

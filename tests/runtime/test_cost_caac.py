@@ -384,3 +384,28 @@ def test_a_requests_first_verdict_is_no_sample_of_level_1():
     assert ctrl._reach.trials[1] == pytest.approx(before[1] * (1 - CostConfig().alpha_reach))
     assert ctrl._reach.succ[2] > before[2] * (1 - CostConfig().alpha_reach)
 
+
+
+def test_no_saving_after_a_full_round_where_the_branch_cannot_run_a_second_wave():
+    """A fully accepted round ends on an unfed leaf: a root there needs the branch's second step.
+    Where two branch steps outlast the wait (the gate's s and T: 0.3 s each and 0.4 s, a loaded slow
+    edge) k_full is priced at 0 and such a round is no sample of it; where they fit (0.1 s) the
+    same estimates credit the saving. On the old pricing a no-load k_full of 1 priced depth 2 under
+    the load for a saving that could not happen."""
+    ctrl = CostAwareCAAC()
+    ctrl.observe_cloud([0, 31], [0.33, 0.34], 16, 2)
+    for _ in range(20):
+        ctrl.observe_step(0.13, 1)
+        ctrl.observe_step(0.13, 2)
+    ctrl.observe_verdict(1, 2, 0.34, 0.03, accepted=1, hit=True)  # kept after a full round, no load
+    assert ctrl.snapshot()["kept_after_full"] == 1.0
+    ctrl.gate.observe_cloud(0.4)
+    ctrl.gate.observe_step(0.1)
+    credited = ctrl.cost_depth(0, True)[1]
+    assert credited[1] > ctrl.cost_depth(0, False)[1][1]
+    ctrl.gate.step_s = 0.3  # a contended branch step: 2 s > T
+    assert ctrl.cost_depth(0, True)[1] == pytest.approx(ctrl.cost_depth(0, False)[1])  # k_part is 0
+    ctrl.observe_verdict(1, 2, 0.34, 0.03, accepted=1, hit=False)  # no sample: no root could be kept
+    assert ctrl.snapshot()["kept_after_full"] == 1.0
+    ctrl.observe_verdict(2, 3, 0.34, 0.03, accepted=1, hit=False)  # a partial round still counts
+    assert ctrl.snapshot()["kept_after_partial"] == 0.0
