@@ -385,7 +385,6 @@ def test_a_requests_first_verdict_is_no_sample_of_level_1():
     assert ctrl._reach.succ[2] > before[2] * (1 - CostConfig().alpha_reach)
 
 
-
 def test_no_saving_after_a_full_round_where_the_branch_cannot_run_a_second_wave():
     """A fully accepted round ends on an unfed leaf: a root there needs the branch's second step.
     Where two branch steps outlast the wait (the gate's s and T: 0.3 s each and 0.4 s, a loaded slow
