@@ -50,6 +50,9 @@ class Calibration:
     # aligned with match_bits: levels a prompt-lookup chain offers a round that starts there
     # (a traced round whose sent tree reached deeper than its drafted levels), 0 elsewhere
     lookup_reach: list[int] = field(default_factory=list)
+    # indices into match_bits where a traced generation starts (its position 0); a simulated
+    # generation starts at one of them, empty: anywhere
+    run_starts: list[int] = field(default_factory=list)
     # per policy: median levels of the sent tree by drafted levels, lookup rounds left out (the
     # send cut keeps fewer levels than were drafted where deep nodes do not pay)
     levels_by_policy: dict[str, dict[int, float]] = field(default_factory=dict)
@@ -67,6 +70,7 @@ class Calibration:
     # than planned; a kept chain branch adds one node per level)
     nodes_by_policy: dict[str, dict[int, float]] = field(default_factory=dict)
     budget: int = 8
+    min_p: float = 0.0  # the traced --min-p: a tree keeps no lookup node whose path probability is below it
     source: str = ""
 
     def verify(self, nodes: float) -> float:
@@ -122,7 +126,8 @@ class Calibration:
 
     def to_json(self) -> dict:
         d = {k: getattr(self, k) for k in self.__slots__
-             if k not in ("step_s", "match_bits", "lookup_reach", "levels_by_policy", "steps_by_policy")}
+             if k not in ("step_s", "match_bits", "lookup_reach", "run_starts", "levels_by_policy",
+                          "steps_by_policy")}
         d["step_s_median"] = statistics.median(self.step_s) if self.step_s else None
         d["step_samples"] = len(self.step_s)
         d["match_bits"] = len(self.match_bits)
@@ -180,7 +185,8 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
         free, busy = busy, []
         reference = "its own loaded rounds (no uncontended step traced: slowdown unknown)"
     cal = Calibration(step_s=free or [0.05], step_reference=reference, depth=int(cfg.get("depth", 4)),
-                      budget=_traced_budget(cfg), tokens_per_step=float(cfg.get("width", 2)))
+                      budget=_traced_budget(cfg), tokens_per_step=float(cfg.get("width", 2)),
+                      min_p=float(cfg.get("min_p") or 0.0))
     if own_reference:
         cal.slowdown_by_schedule = {traced.pop(): 1.0}  # ...so simulated under it, at its own speed
     if free and busy:
@@ -292,7 +298,13 @@ def fit_acceptance(cal: Calibration, rounds: list[dict], seed: int = 0) -> Calib
     in traces without it, the levels sent where they pass the drafted ones) records its reach at
     the round's start, counting down along its accepted run, or the longer chain a round that
     drafted nothing sent from the same position of the same prompt (``rapid.bench.positions``): a
-    simulated round that drafts nothing sends that chain."""
+    simulated round that drafts nothing sends that chain.
+
+    The replay is position-aligned: every traced round adds one bit per token it emitted (a round
+    that sent nothing, a drawn one), so index ``run_starts[k] + p`` is position ``p`` of the
+    ``k``-th traced generation, and a simulated generation that starts at a run start meets the
+    prompt's easy and hard stretches where its traced runs met them (oasst's 11-token copy chain
+    at position 12 of 24; from a random offset it fell anywhere, or past the end)."""
     sent = [(r, sent_levels(r)) for r in rounds if r.get("depth", 0) > 0]
     ones = sum(min(r["accepted"], n) for r, n in sent)
     zeros = sum(1 for r, n in sent if r["accepted"] < n)
@@ -302,10 +314,11 @@ def fit_acceptance(cal: Calibration, rounds: list[dict], seed: int = 0) -> Calib
     reach: list[int] = []
     by_run = group_runs(rounds)
     chains, seen = chains_by_position(by_run), bits_by_position(by_run)
+    starts: list[int] = []
     for (r, kept), (_, at) in zip(_in_order(by_run), rounds_at(by_run), strict=True):
-        if r.get("depth", 0) <= 0:
-            continue
-        n = sent_levels(r)
+        if at == 0:
+            starts.append(len(bits))
+        n = sent_levels(r) if r.get("depth", 0) > 0 or r.get("tree_depth") else 0  # 0: sent nothing
         a = min(r["accepted"], n)
         lookup = _chain_levels(r, n, kept)
         key = (r.get("set"), r.get("prompt_id"))
@@ -314,7 +327,7 @@ def fit_acceptance(cal: Calibration, rounds: list[dict], seed: int = 0) -> Calib
         p_next = ones_zeros[0] / sum(ones_zeros) if ones_zeros else cal.p_accept
         bits += [1] * a + [0 if a < n else int(rng.random() < p_next)]
         reach += [max(lookup - j, here.get(at + j, 0), 0) for j in range(a + 1)]
-    cal.match_bits, cal.lookup_reach = (bits, reach) if bits else ([1, 1, 0], [])
+    cal.match_bits, cal.lookup_reach, cal.run_starts = (bits, reach, starts) if bits else ([1, 1, 0], [], [])
     cal.levels_by_policy = _levels_by_policy(by_run)
     cal.steps_by_policy = _steps_by_policy(by_run)
     branched = [r for r in rounds if r.get("proactive_hit") is not None]

@@ -19,8 +19,10 @@ Model (one edge; N edges share one cloud in the scale study):
   wave a verdict lands on: a verdict inside the tree on the first, a fully accepted one on the
   second; a drawn hit counts only when a step ran; ``rapid.bench.sim_branch``);
 - a round that drafts nothing (``rapid-cost`` at depth 0) sends the replayed lookup chain alone
-  (no branch); the sim's controller is not told the chains (no ``observe_lookup``), so it skips
-  drafting only where the step's price alone says so;
+  (no branch); a cost-aware controller is told the chain the next tree would carry after every
+  verdict, as the coordinator tells it (``observe_lookup``): the replayed reach at the new
+  position, each level at ``p^k`` with the request's ``LookupStats`` learnt from the chains'
+  outcomes in the replay (``lookup_outlook``);
 - where the traces say the bench carried each policy's controller across generations
   (``Calibration.warm_controller``), a throwaway generation under the same schedule runs first
   and the measured one starts with its controller and branch gate after ``new_request``.
@@ -58,7 +60,9 @@ from rapid.bench.sim_branch import draw_count, run_branch, run_catch_up
 from rapid.runtime.branch_gate import BranchGate
 from rapid.runtime.coordinator import CoordinatorConfig, controller_for
 from rapid.runtime.depth_control import observed_depth, round_depth
+from rapid.runtime.lookup import LookupStats
 from rapid.runtime.policies import POLICIES, Policy
+from rapid.runtime.tree import TreeParams
 
 ORACLE = "oracle"
 ORACLE_LOAD = "oracle-load"  # knows the future contention but not the acceptance
@@ -106,14 +110,16 @@ class _Edge:
         # Ready: the cloud's start-up verify curve (its verify model) and the session's tree shape
         # (the session's budget: the largest traced tree, as --budget auto sized it to the cloud)
         budget = max((round(v) for v in cal.nodes_by_depth.values()), default=cal.budget)
+        self.budget = budget
+        self.lookup = LookupStats(TreeParams().lookup_p)  # per request, as the drafter's
         self.ctrl.observe_cloud(STARTUP_CURVE_NODES, [cal.verify(n) for n in STARTUP_CURVE_NODES], budget,
                                 cal.step_tokens)
         self.prefill = cal.prefill_s
         self.target = tokens
         self.rng = random.Random(seed * 1_000_003 + idx)
         self.phase = phase
-        n = len(cal.match_bits)
-        self.offset = (seed * 7919 + idx * 104729) % n
+        k = seed * 7919 + idx * 104729  # a traced generation's start, else anywhere in the replay
+        self.offset = cal.run_starts[k % len(cal.run_starts)] if cal.run_starts else k % len(cal.match_bits)
         hr = random.Random(seed * 31 + idx)
         self.u_hit = [hr.random() for _ in range(tokens + 16)]
         self.res = EdgeResult()
@@ -152,6 +158,22 @@ class _Edge:
         chain = self.cal.reach(self.offset + self.pos)
         levels = chain if depth <= 0 else max(self.cal.levels(depth, self.policy.name), chain)
         return min(levels, max(0, self.target - self.pos - 1))
+
+    def lookup_outlook(self) -> tuple[list[float], int]:
+        """As ``Drafter.lookup_outlook``: P(the chain carries the accepted path to level k) =
+        ``p^k`` along the replayed reach at the current position (at most the session's budget,
+        none below ``min_p``), and its node count."""
+        p, reach = self.lookup.p, min(self.cal.reach(self.offset + self.pos), self.budget)
+        mass = [p ** k for k in range(1, reach + 1) if k == 1 or p ** k >= self.cal.min_p]
+        return mass, len(mass)
+
+    def observe_chain(self, accepted: int) -> None:
+        """As ``LookupStats.observe`` after a verdict: the chain the round's tree carried (the
+        reach at its start) matched ``min(reach, accepted)`` tokens, and missed the next where
+        the verdict stopped inside it."""
+        reach = self.cal.reach(self.offset + self.pos)
+        ell = min(reach, accepted)
+        self.lookup.observe([list(range(reach))] if reach else [], list(range(ell)) + [-1] * (accepted + 1 - ell))
 
     def factor(self, t: float) -> float:
         s = self.sched
@@ -366,8 +388,12 @@ class _Cloud:
             e.ctrl.observe_verdict(depth, round(p["nodes"]), p["verify_s"], t_arr - t_send - p["verify_s"], a, kept)
         sampled = observed_depth(depth, e.target - e.pos) if pol.drafting else max(depth, 1)  # as the coordinator
         e.ctrl.observe_round(a, sampled, t_arr - t_send, e.decision.b_hat)
-        e.decision = e.ctrl.next_depth(pol.proactive, e.reused)
+        if pol.drafting:
+            e.observe_chain(a)
         e.pos += a + 1
+        if pol.cost_aware:  # the only controller that prices the lookup chains (as the coordinator)
+            e.ctrl.observe_lookup(*e.lookup_outlook())
+        e.decision = e.ctrl.next_depth(pol.proactive, e.reused)
         e.res.tokens = min(e.pos, e.target)
         e.res.rounds += 1
         e.res.accepted += a

@@ -85,7 +85,29 @@ def test_a_chain_sent_alone_is_replayed_where_it_was_found_for_every_policy(cal)
     assert fit.lookup_reach[:9] == [0, 0, 5, 4, 3, 2, 1, 0, 0]
     assert fit.reach(2) == 5 and fit.reach(3) == 4
     elsewhere = fit_acceptance(replace(cal), fixed + [dict(r, prompt_id="1") for r in alone])
-    assert not any(elsewhere.lookup_reach)
+    assert not any(elsewhere.lookup_reach[:24])  # prompt 0's positions; prompt 1's own run keeps its chain
+    assert elsewhere.run_starts == [0, 24] and elsewhere.lookup_reach[24 + 2] == 5
+
+
+def test_the_replay_is_position_aligned_and_a_generation_starts_where_a_traced_one_did(cal):
+    """Every traced round adds one bit per token it emitted, a round that sent nothing (rapid-cost
+    at depth 0, no chain) a drawn one, so ``run_starts[k] + p`` is position ``p`` of the k-th
+    traced run. Here each run opens with two hard positions (rejected), then a long accepted
+    stretch: a simulated generation starts at a run start, so its first round accepts nothing;
+    before, the offset was anywhere in the replay and most first rounds landed in the stretch."""
+    def run(k, policy="fixed"):
+        return [_row(0, policy, depth=1, steps=1, tree_depth=1, accepted=0, emitted=1, repeat=k),
+                _row(1, policy, depth=0, steps=0, tree_depth=0, accepted=0, emitted=1, repeat=k),
+                _row(2, policy, depth=4, steps=4, tree_depth=4, accepted=4, emitted=5, repeat=k),
+                _row(3, policy, depth=4, steps=4, tree_depth=4, accepted=4, emitted=5, repeat=k)]
+    fit = fit_acceptance(replace(cal), [r for k in range(5) for r in run(k)])
+    assert fit.run_starts == [0, 12, 24, 36, 48] and len(fit.match_bits) == 60  # 12 positions a run
+    assert [fit.match_bits[s] for s in fit.run_starts] == [0] * 5
+    assert [fit.match_bits[s + 2:s + 6] for s in fit.run_starts] == [[1, 1, 1, 1]] * 5
+    for seed in range(10):  # 5 tokens: position 0 rejected, then 4 levels at most: two rounds
+        e = sim.simulate(policies.POLICIES["fixed"], fit, parse_schedule("none"), get_profile("lan"),
+                         tokens=5, seed=seed)["edges"][0]
+        assert e.rounds == 2 and e.accepted <= 3
 
 
 def test_the_bit_after_a_whole_tree_is_read_where_another_round_saw_it(cal):
@@ -164,3 +186,20 @@ def test_warmup_rounds_are_the_reference_of_a_loaded_only_trace(tmp_path):
     cal = calibrate(rounds, runs, got)
     assert cal.step_s == pytest.approx([0.1] * 5) and cal.step_reference.startswith("warm-up")
     assert cal.slowdown_by_schedule == {"sustained": pytest.approx(3.0)}
+
+
+def test_a_cost_aware_controller_is_told_the_replayed_chain_as_the_coordinator_tells_it(cal):
+    """A 6-level chain at position 0, accepted 5 deep: the simulated edge's outlook is the
+    drafter's, each level at p^k with the request's LookupStats (prior 0.5), none below the traced
+    min_p (0.5^6 < 0.03: 5 levels); a chain accepted whole raises p, one missed early lowers it."""
+    rows = [_row(0, depth=1, steps=1, tree_depth=6, accepted=5, lookup_depth=6, emitted=6, repeat=k)
+            for k in range(3)]
+    fit = replace(fit_acceptance(replace(cal), rows), min_p=0.03)
+    edge = sim._Edge(0, policies.POLICIES["rapid-cost"], fit, parse_schedule("none"), get_profile("lan"), 24,
+                     0, 0.0, False, sim.CoordinatorConfig())
+    assert edge.lookup_outlook() == ([0.5 ** k for k in range(1, 6)], 5)
+    edge.observe_chain(6)
+    learnt = edge.lookup.p
+    assert learnt > 0.5 and edge.lookup_outlook()[0][0] == learnt
+    edge.observe_chain(1)
+    assert edge.lookup.p < learnt
