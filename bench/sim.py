@@ -25,6 +25,7 @@ Model (one edge; N edges share one cloud in the scale study):
   outcomes in the replay (``lookup_outlook``);
 - where the traces say the bench carried each policy's controller across generations
   (``Calibration.warm_controller``), a throwaway generation under the same schedule runs first
+  (on ``previous``'s replay where given: validation passes the prompt set the bench ran before)
   and the measured one starts with its controller and branch gate after ``new_request``.
 
 The SAME policy code decides: the policy flags are the ``rapid.runtime.policies.POLICIES``
@@ -57,6 +58,7 @@ from rapid.bench.contention import Schedule
 from rapid.bench.netem import NetProfile
 from rapid.bench.oracle_plan import plan_depth
 from rapid.bench.sim_branch import draw_count, run_branch, run_catch_up
+from rapid.bench.sim_lookup import chain_outlook, observe_chain
 from rapid.runtime.branch_gate import BranchGate
 from rapid.runtime.coordinator import CoordinatorConfig, controller_for
 from rapid.runtime.depth_control import observed_depth, round_depth
@@ -160,20 +162,12 @@ class _Edge:
         return min(levels, max(0, self.target - self.pos - 1))
 
     def lookup_outlook(self) -> tuple[list[float], int]:
-        """As ``Drafter.lookup_outlook``: P(the chain carries the accepted path to level k) =
-        ``p^k`` along the replayed reach at the current position (at most the session's budget,
-        none below ``min_p``), and its node count."""
-        p, reach = self.lookup.p, min(self.cal.reach(self.offset + self.pos), self.budget)
-        mass = [p ** k for k in range(1, reach + 1) if k == 1 or p ** k >= self.cal.min_p]
-        return mass, len(mass)
+        """As ``Drafter.lookup_outlook``: the replayed chain here (at most the session's budget)."""
+        return chain_outlook(self.lookup, min(self.cal.reach(self.offset + self.pos), self.budget), self.cal.min_p)
 
     def observe_chain(self, accepted: int) -> None:
-        """As ``LookupStats.observe`` after a verdict: the chain the round's tree carried (the
-        reach at its start) matched ``min(reach, accepted)`` tokens, and missed the next where
-        the verdict stopped inside it."""
-        reach = self.cal.reach(self.offset + self.pos)
-        ell = min(reach, accepted)
-        self.lookup.observe([list(range(reach))] if reach else [], list(range(ell)) + [-1] * (accepted + 1 - ell))
+        """As the drafter after a verdict: the request's LookupStats learn the chain's outcome."""
+        observe_chain(self.lookup, self.cal.reach(self.offset + self.pos), accepted)
 
     def factor(self, t: float) -> float:
         s = self.sched
@@ -232,7 +226,8 @@ class _Edge:
 
 def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetProfile, tokens: int = 256,
              seed: int = 0, edges: int = 1, max_batch: int = 64, startup: bool = True,
-             config: CoordinatorConfig | None = None, replicas: int = 1, ingress_s: float = 0.0) -> dict:
+             config: CoordinatorConfig | None = None, replicas: int = 1, ingress_s: float = 0.0,
+             previous: Calibration | None = None) -> dict:
     """Run ``edges`` edges until each has ``tokens`` tokens; returns per-edge results and cloud stats.
 
     ``replicas`` verifiers (Ray Serve scale-out) each batch their own queue; edge i's session lives
@@ -246,14 +241,14 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
     period = (sched.on_s + sched.off_s) if sched.kind == "burst" else 0.0
     phases = [rng.random() * period if edges > 1 else 0.0 for _ in range(edges)]
 
-    def generation(s: int) -> _Cloud:  # every edge's generation, drawn from seed s
-        return _Cloud([_Edge(i, policy, cal, sched, prof, tokens, s, phases[i], startup, config)
-                       for i in range(edges)], cal, replicas, max_batch, ingress_s)
+    def generation(s: int, c: Calibration) -> _Cloud:  # every edge's generation, drawn from seed s
+        return _Cloud([_Edge(i, policy, c, sched, prof, tokens, s, phases[i], startup, config)
+                       for i in range(edges)], c, replicas, max_batch, ingress_s)
 
-    sim = generation(seed)
+    sim = generation(seed, cal)
     es = sim.es
     if cal.warm_controller and policy not in (ORACLE, ORACLE_LOAD):
-        _carry_from_a_previous_generation(es, generation(seed + 1_000_003))
+        _carry_from_a_previous_generation(es, generation(seed + 1_000_003, previous or cal))
     sim.run_all()
     horizon = max(e.res.wall_s for e in es)
     return {"edges": [e.res for e in es], "cloud_util": sim.busy / replicas / horizon if horizon > 0 else 0.0,

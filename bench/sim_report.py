@@ -99,13 +99,15 @@ def _validation(per_run: list, cal, sch, seeds: int) -> list[dict]:
         f_cal_of = {st: fit_prompt_set(replace(f_cal), [x for x in f_rounds if str(x.get("set")) == st],
                                        [x for x in f_runs if str(x.get("set")) == st])
                     for st in {str(x.get("set")) for x in f_runs}}
+        order = [x for x in f_meta.get("config", {}).get("sets", []) if x in f_cal_of] or sorted(f_cal_of)
         for r in aggregate(f_runs):
             if r["policy"] not in POLICIES:
                 continue
             st = str(r["set"])
             m = r["tok_s"]
+            before = order[order.index(st) - 1] if st in order else st  # the bench's previous generation
             s = sim_tok_s(POLICIES[r["policy"]], f_cal_of[st], sch(r["schedule"]), get_profile(r["profile"]),
-                          max_new, max(seeds, 20))
+                          max_new, max(seeds, 20), previous=f_cal_of[before])
             val.append({"run": name, "tokens": max_new, "profile": r["profile"], "schedule": r["schedule"],
                         "set": st, "policy": r["policy"], "measured_tok_s": m, "sim_tok_s": s,
                         "error": (s - m) / m if m else float("nan")})

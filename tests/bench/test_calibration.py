@@ -203,3 +203,21 @@ def test_a_cost_aware_controller_is_told_the_replayed_chain_as_the_coordinator_t
     assert learnt > 0.5 and edge.lookup_outlook()[0][0] == learnt
     edge.observe_chain(1)
     assert edge.lookup.p < learnt
+
+
+def test_a_carried_controller_starts_from_the_previous_generation_s_prompts(cal):
+    """As ``rapid bench`` carries each policy's controller across its generations, the throwaway
+    generation before the measured one replays ``previous`` (the bench's previous prompt set) when
+    given: rapid-cost's carried reach then opens the measured generation deep after a set whose
+    trees were accepted whole, and at depth 0-1 after one whose trees were all rejected."""
+    warm = replace(cal, warm_controller=True)
+    easy = fit_acceptance(replace(warm), [_row(i, accepted=4, emitted=5, repeat=k)
+                                          for k in range(3) for i in range(6)])
+    hard = fit_acceptance(replace(warm), [_row(i, accepted=0, emitted=1, repeat=k)
+                                          for k in range(3) for i in range(24)])
+    mid = fit_acceptance(replace(warm), [_row(i, accepted=i % 3, emitted=i % 3 + 1, repeat=k)
+                                         for k in range(3) for i in range(12)])
+    args = (policies.POLICIES["rapid-cost"], mid, parse_schedule("none"), get_profile("wan"))
+    for seed in range(3):
+        assert sim.simulate(*args, tokens=24, seed=seed, previous=easy)["edges"][0].depths[0] >= 4
+        assert sim.simulate(*args, tokens=24, seed=seed, previous=hard)["edges"][0].depths[0] <= 1
