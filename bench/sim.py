@@ -233,6 +233,8 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
     ``replicas`` verifiers (Ray Serve scale-out) each batch their own queue; edge i's session lives
     on replica i mod replicas (the router spreads new sessions evenly); ``ingress_s`` is the extra
     round-trip time of the ingress hop, added to every verdict. cloud_util = mean over replicas.
+    ``previous``: the replay a carried controller's throwaway generation runs on (the prompt set
+    the bench ran before; default ``cal``).
     """
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")

@@ -263,4 +263,3 @@ def test_a_draft_that_costs_more_than_it_buys_is_skipped_as_the_runtime_skips_it
     cold = sim.simulate(policies.POLICIES["rapid-cost"], replace(slow, warm_controller=False),
                         parse_schedule("sustained"), p, tokens=96, seed=0)["edges"][0]
     assert cold.depths[0] > 0
-
