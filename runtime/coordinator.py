@@ -306,6 +306,7 @@ class Coordinator:
         flags = d.lookup_flags()
         rec.tree_nodes, rec.tree_depth = len(tokens), d.tree.max_depth
         rec.lookup_depth = max((k for k, on in zip(d.tree.depth, flags, strict=True) if on), default=0)
+        rec.lookup_p = d.lookup.p
         return tokens, parents, SentTree(list(d.tree.score), flags)
 
     async def _send_and_await(self, round_id: int, tokens: list[int], parents: list[int], depth: int,

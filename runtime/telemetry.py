@@ -16,6 +16,7 @@ class RoundRecord:
     tree_nodes: int
     tree_depth: int = 0  # the deepest node of the tree sent: the accepted length if the target's path were in it
     lookup_depth: int = 0  # the deepest node of the tree sent on a prompt-lookup chain (0: no chain)
+    lookup_p: float = 0.0  # the request's learnt P(lookup token right) when the tree was sent (runtime.lookup)
     tau_cur: float = 0.0  # seconds of the last draft step (CAAC, runtime.step_cost)
     tau_fast: float = 0.0  # EMA of step seconds
     tau_slow: float = 0.0  # EMA of the same steps' uncontended baselines

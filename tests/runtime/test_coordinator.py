@@ -14,6 +14,7 @@ from rapid.runtime.caac import CAACConfig
 from rapid.runtime.coordinator import Coordinator, CoordinatorConfig, controller_for
 from rapid.runtime.drafter import Drafter
 from rapid.runtime.link import CloudLink
+from rapid.runtime.lookup import P_MAX, P_MIN
 from rapid.runtime.policies import POLICIES, Policy
 from rapid.runtime.tree import TreeParams
 from rapid.server.app import VerifierServer
@@ -150,6 +151,9 @@ def test_no_round_sends_a_node_past_the_last_token(tiny_pair):
                 left -= rec.emitted
             if max_new == 9:  # the first round's chain, cut to the 8 levels left (the trace says so)
                 assert gen.records[0].lookup_depth == 8, (policy, gen.records[0])
+            # the request's learnt P(lookup token right) as each tree went out: the prior first
+            assert gen.records[0].lookup_p == TreeParams().lookup_p
+            assert all(P_MIN <= r.lookup_p <= P_MAX for r in gen.records)
     finally:
         server.close()
 
