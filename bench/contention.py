@@ -120,8 +120,13 @@ def _spin(seconds: float, work) -> None:
 
 
 def _follow(epoch, stop, sched: Schedule, work) -> None:
-    """Run ``work`` in the schedule's busy slots (from each epoch) until ``stop`` is set."""
-    while not stop.is_set():
+    """Run ``work`` in the schedule's busy slots (from each epoch) until ``stop`` is set or the
+    process that started the load is gone: a bench stopped by a signal runs no ``close()`` (and
+    ``daemon`` only reaps at a normal exit), and its load went on spinning on the edge's core,
+    under every later run on the machine (2026-12-07: the no-load cells of the next bench ran
+    loaded)."""
+    parent = os.getppid()
+    while not stop.is_set() and os.getppid() == parent:
         e = epoch.value
         if e < 0:
             time.sleep(0.01)

@@ -81,3 +81,47 @@ def test_gpu_load_without_a_gpu_is_a_clear_error():
     with pytest.raises(ValueError, match="load device"):
         LoadProcess(parse_schedule("sustained"), None, "tpu")
     LoadProcess(parse_schedule("none"), None, "cuda").close()  # no load, nothing to check
+
+
+def test_a_load_whose_bench_is_killed_stops_spinning(tmp_path):
+    """A real bench-like process starts a sustained load and is killed with SIGKILL (no close(),
+    no atexit): its load process exits by itself instead of loading the machine for whatever runs
+    next."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "bench_like.py"
+    script.write_text(
+        "import time\n"
+        "from rapid.bench.contention import LoadProcess, parse_schedule\n"
+        "if __name__ == '__main__':  # the load is spawned: it imports this file again\n"
+        "    load = LoadProcess(parse_schedule('sustained'))\n"
+        "    load.start_epoch()\n"
+        "    print(load._proc.pid, flush=True)\n"
+        "    time.sleep(600)\n")
+    bench = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        load_pid = int(bench.stdout.readline())
+        time.sleep(1.0)
+        with open(f"/proc/{load_pid}/stat") as f:
+            assert f.read().rsplit(")", 1)[1].split()[0] in "RS"  # spinning (or between slots)
+        bench.send_signal(signal.SIGKILL)
+        bench.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:  # gone, or exited and not yet reaped by the init it was handed to (a zombie: state Z)
+                with open(f"/proc/{load_pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        break
+            except FileNotFoundError:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(load_pid, signal.SIGKILL)
+            raise AssertionError("the load process outlived its bench by 10 s")
+    finally:
+        if bench.poll() is None:
+            bench.kill()
