@@ -75,3 +75,19 @@ def partial_onnx_export(tiny_dir, tmp_path_factory):
     export_onnx(tiny_dir("partial32", seed=1, base_seed=0, perturb=0.08), out, max_context=512, max_tree=64,
                 progress=False)
     return out
+
+
+@pytest.fixture
+def proc_state():
+    """``proc_state(pid)``: the process's state letter from /proc (R running, S sleeping, Z exited,
+    not reaped: this VM's init reaps no orphan), None once gone: for tests that kill a parent and
+    check what it started goes with it."""
+
+    def state(pid: int) -> str | None:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return None
+
+    return state

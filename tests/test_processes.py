@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -62,3 +65,35 @@ def test_unreachable_cloud_is_a_clear_error(tiny_dir):
 def test_bad_model_path_is_a_clear_error(tmp_path):
     r = rapid("generate", "x", "--draft", str(tmp_path / "nope"), "--engine", "torch")
     assert r.returncode != 0 and "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_server_whose_starter_is_killed_exits(proc_state):
+    """A real starter process (as ``rapid bench`` starts its cloud) starts a listening server with
+    ``start_listening`` and is killed with SIGKILL (no cleanup runs): the server exits by itself
+    instead of holding its port and memory as an orphan."""
+    port = free_port()
+    starter = subprocess.Popen(
+        [sys.executable, "-c",
+         "import os, sys, time\n"
+         "from rapid.core.procs import start_listening\n"
+         f"cmd = [sys.executable, '-m', 'http.server', '{port}', '--bind', '127.0.0.1']\n"
+         f"proc = start_listening(cmd, '127.0.0.1', {port}, timeout=60, cpus={{min(os.sched_getaffinity(0))}})\n"
+         "print(proc.pid, flush=True)\n"
+         "time.sleep(600)\n"],
+        stdout=subprocess.PIPE, text=True)
+    server_pid = None
+    try:
+        server_pid = int(starter.stdout.readline())
+        assert proc_state(server_pid) in ("R", "S")  # listening
+        starter.send_signal(signal.SIGKILL)
+        starter.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while proc_state(server_pid) not in (None, "Z"):  # gone, or exited and not reaped by the init it went to
+            assert time.monotonic() < deadline, "the server outlived its starter by 10 s"
+            time.sleep(0.05)
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+        if server_pid is not None and proc_state(server_pid) not in (None, "Z"):
+            os.kill(server_pid, signal.SIGKILL)

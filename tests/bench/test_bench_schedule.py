@@ -83,16 +83,7 @@ def test_gpu_load_without_a_gpu_is_a_clear_error():
     LoadProcess(parse_schedule("none"), None, "cuda").close()  # no load, nothing to check
 
 
-def _proc_state(pid: int) -> str | None:
-    """The process's state letter from /proc (R running, S sleeping, Z exited, not reaped), None once gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return None
-
-
-def test_a_load_whose_bench_is_killed_stops_spinning(tmp_path):
+def test_a_load_whose_bench_is_killed_stops_spinning(tmp_path, proc_state):
     """A real bench-like process starts a sustained load and is killed with SIGKILL (no close(),
     no atexit): its load process exits by itself instead of loading the machine for whatever runs
     next."""
@@ -115,12 +106,12 @@ def test_a_load_whose_bench_is_killed_stops_spinning(tmp_path):
     try:
         load_pid = int(bench.stdout.readline())
         time.sleep(1.0)
-        assert _proc_state(load_pid) in ("R", "S")  # spinning (or between slots)
+        assert proc_state(load_pid) in ("R", "S")  # spinning (or between slots)
         bench.send_signal(signal.SIGKILL)
         bench.wait(timeout=10)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            if _proc_state(load_pid) in (None, "Z"):  # gone, or exited and not yet reaped by the init it went to
+            if proc_state(load_pid) in (None, "Z"):  # gone, or exited and not yet reaped by the init it went to
                 break
             time.sleep(0.05)
         else:
