@@ -10,9 +10,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rapid.bench.colocation import fit_colocation, verify_alone
 from rapid.bench.edgellm_fit import fit_branch_steps, fit_chain_step, fit_confidence_cut
 from rapid.bench.gpu_profile import load_gpu_profile
 from rapid.bench.positions import bits_by_position, chains_by_position, rounds_at, sent_levels
+from rapid.bench.step_fit import fit_steps
 from rapid.bench.traces import group_runs, read_meta, read_rounds, read_runs, run_key, with_previous
 from rapid.runtime.cost_model import interpolate_sorted
 from rapid.runtime.tree import AUTO_BUDGET_CAP
@@ -26,8 +28,10 @@ class Calibration:
     step_reference: str = "uncontended rounds"  # where step_s came from (see calibrate)
     slowdown: float = 2.0  # contended / uncontended median step time at intensity cal_intensity
     cal_intensity: float = 1.0
-    # per traced schedule (name): the slowdown of steps in rounds that ran wholly under its load
+    # per traced schedule (name): the slowdown of steps in rounds that ran wholly in its load, and
+    # wholly out of it (rapid.bench.step_fit)
     slowdown_by_schedule: dict[str, float] = field(default_factory=dict)
+    idle_slowdown_by_schedule: dict[str, float] = field(default_factory=dict)
     verify_a: float = 0.05  # verify seconds = verify_a + verify_b * nodes (batch: total nodes)
     verify_b: float = 0.005
     gpu_profile: tuple[list[float], list[float]] | None = None  # (nodes, seconds), interpolated
@@ -35,6 +39,12 @@ class Calibration:
     step_curve: tuple[list[float], list[float]] | None = None
     verify_table: tuple[list[float], list[float]] | None = None  # traced medians by node count, interpolated
     overhead_s: float = 0.002  # transport/framing per round, beyond verify and the profile RTT
+    # the one host's co-location tax on the verify (rapid.bench.colocation): per traced schedule
+    # (in its load, out of it) × the verify alone, else × (1 + load_tax) in a load; + step_tax s per
+    # s of edge step beside an unloaded verify; none of it for a cloud elsewhere
+    verify_by_schedule: dict[str, tuple[float, float]] = field(default_factory=dict)
+    load_tax: float = 0.0
+    step_tax: float = 0.0
     startup_s: float = 0.0  # per generation: connect + cloud prefill (wall - sum of rounds)
     prefill_s: float = 0.0  # draft prefill inside the first round (uncontended; contention scales it)
     draft_ahead: bool = False  # round 0's tree was drafted while the cloud prefilled (traces with ahead_s)
@@ -81,6 +91,10 @@ class Calibration:
             xs, ys = self.verify_table
             return max(1e-4, interpolate_sorted(nodes, xs, ys))
         return max(1e-4, self.verify_a + self.verify_b * nodes)
+
+    def cloud_elsewhere(self) -> None:
+        """The cloud on its own machine (a GPU profile, a preset): no co-location tax."""
+        self.verify_by_schedule, self.load_tax, self.step_tax = {}, 0.0, 0.0
 
     @property
     def step_tokens(self) -> int:
@@ -163,44 +177,16 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
               seed: int = 0) -> Calibration:
     cfg = meta.get("config", {})
     profiles = meta.get("profiles", {})
-    scheds = meta.get("schedules", {})
-    free, busy, busy_int = [], [], []
-    for r in rounds:  # a first round's steps include the draft prefill, modelled apart (prefill_s)
-        if _steps_timed(r):
-            s = r["draft_s"] / r["draft_steps"]
-            if r.get("load", 0.0) > 0.5 * _sched_intensity(scheds, r.get("schedule")):
-                busy.append(s)
-                busy_int.append(_sched_intensity(scheds, r.get("schedule")))
-            elif r.get("load", 0.0) == 0.0:
-                free.append(s)
-    reference = "uncontended rounds"
-    if not free:  # every recorded round ran loaded: the warm-up's uncontended steps are the reference
-        free = [r["draft_s"] / r["draft_steps"] for r in meta.get("warmup_rounds", []) if _steps_timed(r)]
-        reference = "warm-up rounds (uncontended)"
-    traced = {str(r.get("schedule")) for r in rounds}
-    # one loaded schedule and no uncontended step at all (traces from before warmup.jsonl): its
-    # own steps are the reference, and the slowdown against an idle edge is unknown
-    own_reference = not free and busy and len(traced) == 1
-    if own_reference:
-        free, busy = busy, []
-        reference = "its own loaded rounds (no uncontended step traced: slowdown unknown)"
-    cal = Calibration(step_s=free or [0.05], step_reference=reference, depth=int(cfg.get("depth", 4)),
+    steps = fit_steps(rounds, meta)
+    cal = Calibration(step_s=steps.step_s, step_reference=steps.reference, slowdown=steps.slowdown,
+                      cal_intensity=steps.cal_intensity, slowdown_by_schedule=steps.slowdown_by_schedule,
+                      idle_slowdown_by_schedule=steps.idle_slowdown_by_schedule, depth=int(cfg.get("depth", 4)),
                       budget=_traced_budget(cfg), tokens_per_step=float(cfg.get("width", 2)),
                       min_p=float(cfg.get("min_p") or 0.0))
-    if own_reference:
-        cal.slowdown_by_schedule = {traced.pop(): 1.0}  # ...so simulated under it, at its own speed
-    if free and busy:
-        cal.slowdown = max(1.0, statistics.median(busy) / statistics.median(free))
-        cal.cal_intensity = statistics.median(busy_int)
-        full: dict[str, list[float]] = defaultdict(list)
-        for r in rounds:
-            if _steps_timed(r) and r.get("load", 0.0) >= 0.999 * _sched_intensity(scheds, r.get("schedule")):
-                full[str(r.get("schedule"))].append(r["draft_s"] / r["draft_steps"])
-        cal.slowdown_by_schedule = {k: max(1.0, statistics.median(v) / statistics.median(free))
-                                    for k, v in full.items() if len(v) >= 10}
-    fit_cloud(cal, rounds, profiles)
-    if gpu_profile:
+    fit_cloud(cal, rounds, profiles, meta.get("schedules", {}))
+    if gpu_profile:  # a cloud on its own machine: no co-location tax
         cal.gpu_profile = load_gpu_profile(gpu_profile)
+        cal.cloud_elsewhere()
     by_run = group_runs(rounds)
     cal.startup_s = _startup(runs, by_run)
     nd: dict[int, list[int]] = defaultdict(list)
@@ -220,28 +206,40 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
     return cal
 
 
-def _steps_timed(r: dict) -> bool:
-    """A round whose draft steps were timed on their own (not round 0: it includes the prefill)."""
-    return r.get("draft_steps", 0) > 0 and r.get("draft_s", 0) > 0 and r.get("round", 0) > 0
-
-
-def fit_cloud(cal: Calibration, rounds: list[dict], profiles: dict) -> Calibration:
+def fit_cloud(cal: Calibration, rounds: list[dict], profiles: dict, schedules: dict | None = None) -> Calibration:
     """Refit the cloud side from ``rounds``: verify time by tree nodes (least-squares line and
-    the medians per node count) and the transport overhead beyond the profile's RTT."""
-    vx = [r["tree_nodes"] for r in rounds if r.get("verify_s", 0) > 0]
-    vy = [r["verify_s"] for r in rounds if r.get("verify_s", 0) > 0]
-    if vx:
-        cal.verify_a, cal.verify_b = _linfit(vx, vy)
-        by_n: dict[float, list[float]] = defaultdict(list)
-        for x, y in zip(vx, vy, strict=True):
-            by_n[x].append(y)
-        pts = sorted((x, statistics.median(ys)) for x, ys in by_n.items() if len(ys) >= 3)
-        cal.verify_table = ([float(x) for x, _ in pts], [y for _, y in pts]) if len(pts) >= 2 else None
+    the medians per node count) from the rounds whose verify ran with the edge idle (the
+    schedule-free cells' where they give a curve), the co-location tax against it
+    (``rapid.bench.colocation``; ``schedules``: meta's), and the transport overhead beyond the
+    profile's RTT. Traces with no such curve: the curve of every round, and no tax."""
+    alone = [r for r in rounds if verify_alone(r)]
+    idle = [r for r in alone if str(r.get("schedule", "none")) == "none"]
+    taxed = _verify_curve(cal, idle) or _verify_curve(cal, alone)  # the first that gives a curve
+    if not taxed:
+        _verify_curve(cal, [r for r in rounds if r.get("verify_s", 0) > 0])
+    fit = fit_colocation(rounds, cal.verify, schedules or {}) if taxed else None
+    cal.verify_by_schedule = fit.verify_by_schedule if fit else {}
+    cal.load_tax, cal.step_tax = (fit.load_tax, fit.step_tax) if fit else (0.0, 0.0)
     ov = [r["cloud_s"] - r["verify_s"] - profiles.get(r.get("profile"), {}).get("rtt_ms", 0.0) / 1000
           for r in rounds if r.get("cloud_s", 0) > 0]
     if ov:
         cal.overhead_s = max(0.0, statistics.median(ov))
     return cal
+
+
+def _verify_curve(cal: Calibration, rounds: list[dict]) -> bool:
+    """``cal``'s verify line and medians by node count (3 rounds each) from ``rounds``; whether
+    they give a curve (2 node counts)."""
+    cal.verify_table = None
+    if not rounds:
+        return False
+    cal.verify_a, cal.verify_b = _linfit([r["tree_nodes"] for r in rounds], [r["verify_s"] for r in rounds])
+    by_n: dict[float, list[float]] = defaultdict(list)
+    for r in rounds:
+        by_n[r["tree_nodes"]].append(r["verify_s"])
+    pts = sorted((x, statistics.median(ys)) for x, ys in by_n.items() if len(ys) >= 3)
+    cal.verify_table = ([float(x) for x, _ in pts], [y for _, y in pts]) if len(pts) >= 2 else None
+    return cal.verify_table is not None
 
 
 def fit_prompt_set(cal: Calibration, rounds: list[dict], runs: list[dict], seed: int = 0) -> Calibration:
@@ -390,6 +388,3 @@ def _traced_budget(cfg: dict) -> int:
     return AUTO_BUDGET_CAP if b == "auto" else int(b)
 
 
-def _sched_intensity(scheds: dict, name: str | None) -> float:
-    d = scheds.get(name or "none")
-    return float(d["intensity"]) if d and d.get("kind") != "none" else 1.0

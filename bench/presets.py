@@ -110,7 +110,7 @@ def apply_preset(cal: Calibration, preset: Preset, samples: int = 21) -> Calibra
 
     - step samples: ``samples`` evenly spaced one-token times in [step_lo_s, step_hi_s], times
       curve(W) / curve(1) for the traced tree width W (a tree step feeds W tokens);
-    - verify(nodes) = the preset's curve (as a GPU profile);
+    - verify(nodes) = the preset's curve (as a GPU profile), with no co-location tax;
     - contention: a step in an active period of intensity I takes 1 + (1.5 − 1)·I times as long;
     - start-up and the draft prefill: 0 (the comparison is steady-state decoding, the same for
       every policy and oracle); the traced transport overhead stays (framing, measured).
@@ -122,6 +122,7 @@ def apply_preset(cal: Calibration, preset: Preset, samples: int = 21) -> Calibra
     lo, hi = preset.step_lo_s, preset.step_hi_s
     out.step_s = [(lo + (hi - lo) * k / (samples - 1)) * w for k in range(samples)]
     out.gpu_profile = (list(preset.verify[0]), list(preset.verify[1]))
+    out.cloud_elsewhere()
     out.slowdown, out.cal_intensity, out.slowdown_by_schedule = MAX_SLOWDOWN, 1.0, {}
     out.startup_s, out.prefill_s = 0.0, 0.0
     out.source = f"preset {preset.name} (acceptance: {cal.source})"

@@ -4,8 +4,13 @@ Model (one edge; N edges share one cloud in the scale study):
 - edge step time = a sample of the measured uncontended per-step times × the contention
   slowdown while the schedule is active (slowdown measured from the contended rounds);
 - cloud response = up-link delay + queueing + verify(nodes) + down-link delay, verify(nodes)
-  a least-squares line fitted to the traced ``verify_s`` (or a GPU profile JSON, seconds vs
+  the traced ``verify_s`` medians of rounds with the edge idle (or a GPU profile JSON, seconds vs
   nodes), the RTT drawn from the network profile, plus the measured transport overhead;
+- one edge (as the bench ran it, beside its cloud on one host) pays the co-location tax fitted
+  from the traces (``rapid.bench.colocation``): its verify × the schedule's factor in (out of)
+  the load, and + ``step_tax`` seconds per second of its own branch or catch-up step beside an
+  unloaded verify (the verdict lands that much later); many edges model a cloud elsewhere;
+- a step out of a burst's load runs at the slowdown traced there (``rapid.bench.step_fit``);
 - acceptance replayed from the traces as a per-position match string (a round that accepted a
   of the L levels it sent gives a ones and, if a < L, a zero; a fully accepted round's next bit
   is drawn with the traced per-token acceptance); proactive hits drawn per position with the
@@ -48,7 +53,6 @@ T as traced on this CPU, or a preset's curve: ``bench.presets``).
 
 from __future__ import annotations
 
-import heapq
 import random
 import statistics
 from dataclasses import dataclass, field
@@ -57,11 +61,10 @@ from rapid.bench.calibration import Calibration
 from rapid.bench.contention import Schedule
 from rapid.bench.netem import NetProfile
 from rapid.bench.oracle_plan import plan_depth
-from rapid.bench.sim_branch import draw_count, run_branch, run_catch_up
+from rapid.bench.sim_cloud import Cloud
 from rapid.bench.sim_lookup import chain_outlook, observe_chain
 from rapid.runtime.branch_gate import BranchGate
 from rapid.runtime.coordinator import CoordinatorConfig, controller_for
-from rapid.runtime.depth_control import observed_depth, round_depth
 from rapid.runtime.lookup import LookupStats
 from rapid.runtime.policies import POLICIES, Policy
 from rapid.runtime.tree import TreeParams
@@ -96,8 +99,10 @@ class EdgeResult:
 
 class _Edge:
     def __init__(self, idx: int, policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetProfile,
-                 tokens: int, seed: int, phase: float, startup: bool, config: CoordinatorConfig) -> None:
+                 tokens: int, seed: int, phase: float, startup: bool, config: CoordinatorConfig,
+                 colocated: bool = False) -> None:
         self.idx = idx
+        self.colocated = colocated  # beside its cloud on one host, as the bench ran: the verify is taxed
         self.oracle = policy == ORACLE
         self.load_oracle = policy == ORACLE_LOAD
         self.policy = POLICIES["rapid"] if isinstance(policy, str) else policy
@@ -169,14 +174,30 @@ class _Edge:
         """As the drafter after a verdict: the request's LookupStats learn the chain's outcome."""
         observe_chain(self.lookup, self.cal.reach(self.offset + self.pos), accepted)
 
+    def loaded(self, t: float) -> bool:
+        """Whether the contention load runs at ``t``."""
+        return self.sched.active(t - self.t0 + self.phase)
+
     def factor(self, t: float) -> float:
         s = self.sched
-        if not s.active(t - self.t0 + self.phase):
-            return 1.0
+        if not self.loaded(t):  # out of the load: as traced out of it
+            return self.cal.idle_slowdown_by_schedule.get(s.name, 1.0)
         slow = self.cal.slowdown_by_schedule.get(s.name)
         if slow is not None:  # measured under this very schedule
             return slow
         return 1.0 + (self.cal.slowdown - 1.0) * s.intensity / max(self.cal.cal_intensity, 1e-9)
+
+    def verify_factor(self, t: float) -> float:
+        """The co-location tax on a verify that starts at ``t`` (the bench's one host): as traced
+        in (out of) this schedule's load, else 1 + load_tax · I / I_cal in a load; 1 for a cloud
+        elsewhere."""
+        s = self.sched
+        if not self.colocated or s.kind == "none":
+            return 1.0
+        active = self.loaded(t)
+        if s.name in self.cal.verify_by_schedule:
+            return self.cal.verify_by_schedule[s.name][0 if active else 1]
+        return 1.0 + self.cal.load_tax * s.intensity / max(self.cal.cal_intensity, 1e-9) if active else 1.0
 
     def step_time(self, t: float) -> float:
         return self.rng.choice(self.cal.step_s) * self.factor(t)
@@ -227,24 +248,27 @@ class _Edge:
 def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetProfile, tokens: int = 256,
              seed: int = 0, edges: int = 1, max_batch: int = 64, startup: bool = True,
              config: CoordinatorConfig | None = None, replicas: int = 1, ingress_s: float = 0.0,
-             previous: Calibration | None = None) -> dict:
+             previous: Calibration | None = None, colocated: bool | None = None) -> dict:
     """Run ``edges`` edges until each has ``tokens`` tokens; returns per-edge results and cloud stats.
 
     ``replicas`` verifiers (Ray Serve scale-out) each batch their own queue; edge i's session lives
     on replica i mod replicas (the router spreads new sessions evenly); ``ingress_s`` is the extra
     round-trip time of the ingress hop, added to every verdict. cloud_util = mean over replicas.
     ``previous``: the replay a carried controller's throwaway generation runs on (the prompt set
-    the bench ran before; default ``cal``).
+    the bench ran before; default ``cal``). ``colocated``: the edge beside its cloud on one host,
+    as ``rapid bench`` ran it, so the verify pays ``cal``'s co-location tax (default: one edge; many
+    edges model a cloud on its own machine).
     """
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     config = config or CoordinatorConfig(depth=cal.depth)
+    colocated = edges == 1 if colocated is None else colocated
     rng = random.Random(seed)
     period = (sched.on_s + sched.off_s) if sched.kind == "burst" else 0.0
     phases = [rng.random() * period if edges > 1 else 0.0 for _ in range(edges)]
 
-    def generation(s: int, c: Calibration) -> _Cloud:  # every edge's generation, drawn from seed s
-        return _Cloud([_Edge(i, policy, c, sched, prof, tokens, s, phases[i], startup, config)
+    def generation(s: int, c: Calibration) -> Cloud:  # every edge's generation, drawn from seed s
+        return Cloud([_Edge(i, policy, c, sched, prof, tokens, s, phases[i], startup, config, colocated)
                        for i in range(edges)], c, replicas, max_batch, ingress_s)
 
     sim = generation(seed, cal)
@@ -257,7 +281,7 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
             "mean_batch": statistics.fmean(sim.batches) if sim.batches else 0.0, "horizon_s": horizon}
 
 
-def _carry_from_a_previous_generation(es: list, previous: _Cloud) -> None:
+def _carry_from_a_previous_generation(es: list, previous: Cloud) -> None:
     """As ``rapid bench`` and the edge daemon carry each policy's controller (and branch gate)
     across generations: the throwaway ``previous`` generation (the same edges and schedule, another
     seed) runs first, then each edge starts its measured one with that controller after
@@ -267,138 +291,6 @@ def _carry_from_a_previous_generation(es: list, previous: _Cloud) -> None:
     for e, w in zip(es, previous.es, strict=True):
         e.ctrl = w.ctrl
         e.ctrl.new_request()
-
-
-class _Cloud:
-    """The event loop: edges' rounds and verdicts, and the replicas' batch queues.
-
-    Events ``(time, seq, kind, edge, payload)``: round (decide, draft, send), arrive (a tree reaches
-    its replica's queue), cloud_free (a replica finished a batch), verdict (back at the edge)."""
-
-    def __init__(self, es: list, cal: Calibration, replicas: int, max_batch: int, ingress_s: float) -> None:
-        self.es, self.cal, self.max_batch, self.ingress_s = es, cal, max_batch, ingress_s
-        self.events: list = []
-        self.seq = 0
-        self.queues: list[list] = [[] for _ in range(replicas)]  # per replica: (edge, nodes)
-        self.busy_until = [0.0] * replicas
-        self.busy = 0.0
-        self.batches: list[int] = []
-        self.pending: dict[int, dict] = {}
-
-    def run_all(self) -> None:
-        """Every edge's generation, from its start-up to its last token."""
-        for e in self.es:
-            self.push(e.startup, "round", e.idx)
-        self.run()
-
-    def push(self, t: float, kind: str, e: int, payload=None) -> None:
-        heapq.heappush(self.events, (t, self.seq, kind, e, payload))
-        self.seq += 1
-
-    def run(self) -> None:
-        replicas = len(self.queues)
-        while self.events:
-            now, _, kind, idx, payload = heapq.heappop(self.events)
-            if kind == "cloud_free":
-                self.start_batch(now, payload)
-            elif kind == "arrive":
-                self.queues[idx % replicas].append((idx, payload))
-                self.start_batch(now, idx % replicas)
-            elif kind == "round":
-                self.on_round(self.es[idx], now)
-            else:
-                self.on_verdict(self.es[idx], now)
-
-    def start_batch(self, t: float, r: int) -> None:
-        queue = self.queues[r]
-        if not queue or self.busy_until[r] > t:
-            return
-        batch, rest = queue[:self.max_batch], queue[self.max_batch:]
-        queue[:] = rest
-        total = sum(n for _, n in batch)
-        dur = self.cal.verify(total) if len(batch) > 1 else self.cal.verify(batch[0][1])
-        self.busy_until[r] = t + dur
-        self.busy += dur
-        self.batches.append(len(batch))
-        for idx, _ in batch:
-            self.pending[idx]["verify_s"] = dur
-            e = self.es[idx]
-            down = e.prof.sample_rtt_s(e.rng) / 2 + self.cal.overhead_s + self.ingress_s
-            self.push(t + dur + down, "verdict", idx)
-        self.push(t + dur, "cloud_free", -1, r)
-
-    def on_round(self, e, now: float) -> None:
-        """Decide the depth, draft (a step at a time, as slow as the contention makes it), send."""
-        if e.decision is None:
-            e.decision = e.ctrl.next_depth(e.policy.proactive)
-        if e.oracle:
-            depth = e.oracle_depth(now)
-        elif e.load_oracle:
-            depth = e.load_aware_depth(now)
-        elif not e.policy.drafting:
-            depth = 0
-        else:
-            depth = round_depth(e.decision.depth, e.target - e.pos, e.reused)
-        t = now
-        if e.res.rounds == 0 and e.policy.drafting and e.cal.draft_ahead:
-            t = e.t0  # round 0: the draft's prefill and tree while the cloud prefills (as the coordinator)
-        if e.prefill and e.policy.drafting:  # the draft prefill runs inside the first round
-            t += e.prefill * e.factor(t)
-            e.prefill = 0.0
-        planned = max(0, depth - e.reused) if depth > 0 else 0
-        if not e.oracle and e.policy.confidence_floor is None:  # (EdgeLLM's cut has its own model)
-            # the traced steps for those levels (level 1 is often free), rounded at random
-            planned = draw_count(e.rng, e.cal.steps(planned, e.policy.name))
-        steps = 0
-        while steps < planned:
-            d = e.step_time(t) * (e.cal.step_scale(1) if e.oracle else 1.0)  # the oracle drafts a chain
-            t += d
-            steps += 1
-            e.ctrl.observe_step(d, e.cal.step_tokens)
-            if steps < planned and not e.keep_drafting(e.pos + e.reused + steps - 1):
-                depth = e.reused + steps
-                break
-        e.res.draft_steps += steps
-        t = max(t, now)  # (round 0 drafted ahead: sent once Ready is in)
-        nodes = float(depth) if e.oracle else (e.cal.nodes(depth, e.policy.name) if depth > 0
-                                               else float(e.sent_levels(0)))  # depth 0: the lookup chain
-        self.pending[e.idx] = {"depth": depth, "t_send": t, "t_start": now, "nodes": nodes}
-        self.push(t + e.prof.sample_rtt_s(e.rng) / 2, "arrive", e.idx, nodes)
-
-    def on_verdict(self, e, t_arr: float) -> None:
-        """Accept, run (or have run) the proactive branch, observe, and schedule the next round."""
-        p = self.pending.pop(e.idx)
-        depth, t_send = p["depth"], p["t_send"]
-        cap = e.sent_levels(depth)
-        a = e.run_len(e.pos, cap)
-        full = depth > 0 and a >= cap
-        hit = e.hit(e.pos + a, full)
-        e.reused = 0
-        kept, end = None, t_arr  # kept: whether a proactive branch ran and was kept
-        pol = e.policy
-        if pol.proactive and pol.drafting and depth > 0 and (not e.oracle or hit):
-            # a verdict inside the tree lands on a first-wave root, a fully accepted one on a leaf's
-            end, kept = run_branch(e, t_send, t_arr, a, depth, (1 if full else 0) if hit else None)
-        elif pol.proactive and pol.drafting and not e.oracle and depth == 0 and e.res.depths[-1:] == [0]:
-            end = run_catch_up(e, t_send, t_arr)
-        if pol.drafting:  # as the coordinator: the link's share of the wait = arrival - send - verify
-            e.ctrl.observe_verdict(depth, round(p["nodes"]), p["verify_s"], t_arr - t_send - p["verify_s"], a, kept)
-        sampled = observed_depth(depth, e.target - e.pos) if pol.drafting else max(depth, 1)  # as the coordinator
-        e.ctrl.observe_round(a, sampled, t_arr - t_send, e.decision.b_hat)
-        if pol.drafting:
-            e.observe_chain(a)
-        e.pos += a + 1
-        if pol.cost_aware:  # the only controller that prices the lookup chains (as the coordinator)
-            e.ctrl.observe_lookup(*e.lookup_outlook())
-        e.decision = e.ctrl.next_depth(pol.proactive, e.reused)
-        e.res.tokens = min(e.pos, e.target)
-        e.res.rounds += 1
-        e.res.accepted += a
-        e.res.depths.append(depth)
-        if e.pos >= e.target:
-            e.res.wall_s = end
-        else:
-            self.push(end, "round", e.idx)
 
 
 def sim_tok_s(policy, cal, sched, prof, tokens, seeds, **kw) -> float:

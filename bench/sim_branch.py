@@ -9,8 +9,28 @@ edge state.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
+from rapid.bench.colocation import overlap_as_it_grows
 from rapid.runtime.branch_gate import WAVES
+
+
+@dataclass(slots=True)
+class VerifyWindow:
+    """The verify in flight while the edge steps: [start, end], and the co-location tax (the
+    bench's one host: ``Calibration.step_tax`` seconds of verify per second of step beside it;
+    0 for a cloud elsewhere or a verify under the contention load, which is taxed as a whole)."""
+    start: float
+    end: float
+    tax: float = 0.0
+    grown: float = 0.0  # seconds the steps beside it added (the verdict lands that much later)
+
+    def beside(self, a: float, b: float) -> None:
+        """An edge step ran over [a, b]."""
+        if self.tax > 0:
+            g = self.tax * overlap_as_it_grows(a, b, self.start, self.end, self.tax)
+            self.end += g
+            self.grown += g
 
 
 def draw_count(rng: random.Random, mean: float) -> int:
@@ -18,11 +38,13 @@ def draw_count(rng: random.Random, mean: float) -> int:
     return int(mean) + (rng.random() < mean - int(mean))
 
 
-def run_branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int | None) -> tuple[float, bool]:
+def run_branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int | None,
+               window: VerifyWindow) -> tuple[float, bool]:
     """The proactive branch drafted from ``t_send``: interruptible policies ask the runtime's
     ``BranchGate`` before each step and stop at the first step boundary after the verdict
-    (``t_arr``). ``landed``: the root wave the verdict lands on (None: no root). Returns when the
-    edge is free for the next round, and whether the branch was kept (a landed root with a step run)."""
+    (``t_arr``, plus what each step beside the verify added to it: ``window``). ``landed``: the
+    root wave the verdict lands on (None: no root). Returns when the edge is free for the next
+    round, and whether the branch was kept (a landed root with a step run)."""
     pol = e.policy
     hit = landed is not None
     gated = pol.interruptible and not e.oracle  # the oracle stops its planned branch by itself
@@ -43,18 +65,20 @@ def run_branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int |
     # a tree step feeds tokens_per_step tokens, a chain step one: time = tau · scale(tokens)
     per_step = 1 if pol.chain_branch or e.oracle else e.cal.step_tokens
     while steps < want:
-        if pol.interruptible and t >= t_arr:
+        if pol.interruptible and t >= t_arr + window.grown:
             break
         if gated and not e.gate.start(t - t_send, min(steps, waves - 1)):
             break
         d = e.step_time(t) * e.cal.step_scale(per_step)
+        window.beside(t, t + d)
         t += d
         steps += 1
         e.ctrl.observe_step(d, per_step)
         e.gate.observe_step(d)
-        if pol.interruptible and t >= t_arr:
+        if pol.interruptible and t >= t_arr + window.grown:
             stopped = steps
             break
+    t_arr += window.grown
     if gated:
         e.gate.observe_kept(landed, waves if steps else 1)  # as the coordinator: a branch never
         # started, or started without one, has no second wave
@@ -71,13 +95,14 @@ def run_branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int |
     return max(t_arr, t), kept
 
 
-def run_catch_up(e, t_send: float, t_arr: float) -> float:
+def run_catch_up(e, t_send: float, t_arr: float, window: VerifyWindow) -> float:
     """A proactive policy's round that drafted nothing, after another such round (two tokens
     pending): one one-token step from ``t_send`` if the runtime's ``BranchGate.fits`` says it ends
-    before the verdict, measured by the controller (``Coordinator._catch_up``). Returns when the
-    edge is free for the next round."""
+    before the verdict, measured by the controller (``Coordinator._catch_up``), beside the verify
+    (``window``). Returns when the edge is free for the next round."""
     if not e.gate.fits(0.0):
         return t_arr
     d = e.step_time(t_send) * e.cal.step_scale(1)
+    window.beside(t_send, t_send + d)
     e.ctrl.observe_step(d, 1)
-    return max(t_arr, t_send + d)
+    return max(t_arr + window.grown, t_send + d)

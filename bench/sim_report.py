@@ -183,7 +183,9 @@ def _calibration_lines(res: dict) -> list[str]:
          f"{c.get('step_reference', 'rounds')}; contention "
          f"slowdown ×{c['slowdown']:.2f} at intensity {c['cal_intensity']:g}"
          + (" (per traced schedule: " + ", ".join(f"{k} ×{v:.2f}" for k, v in c["slowdown_by_schedule"].items())
-            + ")" if c.get("slowdown_by_schedule") else ""),
+            + ")" if c.get("slowdown_by_schedule") else "")
+         + "".join(f"; {k} out of its load ×{v:.2f}" for k, v in c.get("idle_slowdown_by_schedule", {}).items()),
+         *_tax_lines(c),
          f"- verify(nodes) = {c['verify_a']:.4g} + {c['verify_b']:.4g}·nodes s (least squares)"
          + (", used as the medians at " + ", ".join(f"{int(x)}: {y:.3g} s" for x, y in zip(*c["verify_table"],
                                                                                             strict=True))
@@ -198,6 +200,19 @@ def _calibration_lines(res: dict) -> list[str]:
                                           f"{c['cut_continue'][1]:.2f}" if c.get("cut_continue") else
                                           "not traced (edgellm then drafts to its planned depth)"),
          "- policies: the runtime's `POLICIES` objects and the controller `Coordinator` builds (CAAC/FixedDepth)"]
+
+
+def _tax_lines(c: dict) -> list[str]:
+    """The co-location tax the one-edge cells pay (rapid.bench.colocation), if fitted."""
+    by = c.get("verify_by_schedule") or {}
+    if not by and not c.get("step_tax"):
+        return []
+    phases = ", ".join(f"{k} ×{on:.2f} in its load" + (f", ×{off:.2f} out of it" if off != 1.0 else "")
+                       for k, (on, off) in by.items())
+    loaded = 1 + c.get("load_tax", 0.0)
+    return [f"- co-location tax (one edge beside its cloud on this host, as the bench ran; none for many edges): "
+            f"the verify {phases or f'×{loaded:.2f} in a load'}; "
+            f"+{c.get('step_tax', 0.0):.3f} s per s of edge step beside an unloaded verify"]
 
 
 def _policy_lines(res: dict) -> list[str]:

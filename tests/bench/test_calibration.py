@@ -221,3 +221,20 @@ def test_a_carried_controller_starts_from_the_previous_generation_s_prompts(cal)
     for seed in range(3):
         assert sim.simulate(*args, tokens=24, seed=seed, previous=easy)["edges"][0].depths[0] >= 4
         assert sim.simulate(*args, tokens=24, seed=seed, previous=hard)["edges"][0].depths[0] <= 1
+
+
+def test_the_reference_step_is_the_schedule_free_cells_and_a_burst_s_quiet_half_is_its_own():
+    """Unloaded steps of a burst schedule ran 20 % slower than the schedule-free cells' (Zen 3,
+    2026-12-07: drift or the load's after-effects): the reference is the schedule-free steps, and
+    the burst's quiet half gets its own slowdown, so the simulator steps as slowly there."""
+    meta = {"schedules": {"burst:4:4": {"kind": "burst", "intensity": 1.0, "on_s": 4, "off_s": 4}}}
+    rows = ([_row(i) for i in range(1, 13)]  # 0.1 s a step
+            + [_row(i, schedule="burst:4:4", draft_s=0.48) for i in range(1, 13)]  # quiet: 0.12 s
+            + [_row(i, schedule="burst:4:4", load=1.0, draft_s=0.96) for i in range(1, 13)])  # loaded: 0.24 s
+    cal = calibrate(rows, [], meta)
+    assert sorted(set(cal.step_s)) == [pytest.approx(0.1)]
+    assert cal.slowdown_by_schedule == {"burst:4:4": pytest.approx(2.4)}
+    assert cal.idle_slowdown_by_schedule == {"burst:4:4": pytest.approx(1.2)}
+    e = sim._Edge(0, policies.POLICIES["fixed"], cal, parse_schedule("burst:4:4"), get_profile("lan"), 16, 0, 0.0,
+                  False, sim.CoordinatorConfig(depth=4))
+    assert e.factor(1.0) == pytest.approx(2.4) and e.factor(5.0) == pytest.approx(1.2)
