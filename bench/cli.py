@@ -189,6 +189,9 @@ def sim_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-batch", type=int, default=64)
     ap.add_argument("--replicas", default="1", help="comma list of verifier replica counts for the scale study "
                     "(rapid serve --replicas; edges spread evenly)")
+    ap.add_argument("--cloud-elsewhere", action="store_true",
+                    help="simulate the policies with the cloud on its own machine: none of the one-host "
+                    "co-location tax the traces show (validation still replays the bench's one host)")
     ap.add_argument("--ingress-ms", type=float, default=0.0,
                     help="extra round trip of the Ray Serve ingress hop, added when replicas > 1 (docs/scale-out.md)")
     return ap

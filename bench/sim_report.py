@@ -56,6 +56,7 @@ def run_sim_cli(a) -> int:
     cells = _policy_cells(cal_of, profs, scheds, sets, pols, sch, a)
     scale = _scale(cal, pols, profs, scheds, sch, a)
     result = {"calibration": cal.to_json(), "validation": val, "policies": cells, "scale": scale,
+              "cloud_elsewhere": a.cloud_elsewhere,
               "tokens": a.tokens, "seeds": a.seeds, "traces": [str(t) for t in a.traces]}
     (out / "sim.json").write_text(json.dumps(result, indent=2))
     _write_sim_md(out, result)
@@ -116,19 +117,21 @@ def _validation(per_run: list, cal, sch, seeds: int) -> list[dict]:
 
 def _policy_cells(cal_of: dict, profs: list[str], scheds: list[str], sets: list[str], pols: list[str], sch,
                   a) -> list[dict]:
-    """2. policies vs the oracle (long generations, no start-up), per prompt set."""
+    """2. policies vs the oracle (long generations, no start-up), per prompt set; with
+    ``--cloud-elsewhere`` the cloud on its own machine (no co-location tax)."""
     cells = []
+    on_host = not a.cloud_elsewhere
     for prof in profs:
         for sname in scheds:
             for st in sets:
                 c = cal_of[st]
-                orc = sim_tok_s(ORACLE, c, sch(sname), get_profile(prof), a.tokens, a.seeds, startup=False)
+                orc = sim_tok_s(ORACLE, c, sch(sname), get_profile(prof), a.tokens, a.seeds, startup=False, colocated=on_host)
                 row = {"profile": prof, "schedule": sname, "set": st, "oracle_tok_s": orc,
                        "load_oracle_tok_s": sim_tok_s(ORACLE_LOAD, c, sch(sname), get_profile(prof), a.tokens,
-                                                      a.seeds, startup=False), "tok_s": {}}
+                                                      a.seeds, startup=False, colocated=on_host), "tok_s": {}}
                 for pol in pols:
                     row["tok_s"][pol] = sim_tok_s(POLICIES[pol], c, sch(sname), get_profile(prof), a.tokens,
-                                                  a.seeds, startup=False)
+                                                  a.seeds, startup=False, colocated=on_host)
                 cells.append(row)
     return cells
 
@@ -217,7 +220,8 @@ def _tax_lines(c: dict) -> list[str]:
 
 def _policy_lines(res: dict) -> list[str]:
     pols = sorted({p for r in res["policies"] for p in r["tok_s"]})
-    L = ["", f"## Policies vs the oracle ({res['tokens']} tokens, {res['seeds']} seeds, no start-up)", "",
+    where = ", the cloud on its own machine: no co-location tax" if res.get("cloud_elsewhere") else ""
+    L = ["", f"## Policies vs the oracle ({res['tokens']} tokens, {res['seeds']} seeds, no start-up{where})", "",
           "`oracle` knows the future acceptance, proactive hits and contention; `oracle-load` knows only the "
           "contention (depth = argmax of expected tokens per second under the traced per-token acceptance). "
           "Policy columns: fraction of `oracle` (and of `oracle-load`).", ""]

@@ -119,3 +119,21 @@ def test_the_sim_takes_each_phase_s_verify_factor(canned):
     wall = {k: sim.simulate(POLICIES["fixed"], c, burst, wan, tokens=96, seed=1)["edges"][0].wall_s
             for k, c in (("plain", plain), ("quiet", quiet), ("loud", loud))}
     assert wall["quiet"] > wall["plain"] and wall["loud"] > wall["plain"] and wall["quiet"] != wall["loud"]
+
+
+def test_the_policy_cells_can_put_the_cloud_on_its_own_machine(canned):
+    """``rapid sim --cloud-elsewhere``: the what-if of a deployment, no co-location tax: ipdg's
+    branch steps no longer slow its verify; fixed, with nothing beside its verify, is unchanged."""
+    from types import SimpleNamespace
+
+    from rapid.bench.sim_report import _policy_cells
+
+    cal = _cal_with_tax(canned, 0.5)
+
+    def cell(elsewhere):
+        a = SimpleNamespace(tokens=64, seeds=2, cloud_elsewhere=elsewhere)
+        (row,) = _policy_cells({"c4": cal}, ["wan"], ["none"], ["c4"], ["fixed", "ipdg"], parse_schedule, a)
+        return row["tok_s"]
+
+    here, elsewhere = cell(False), cell(True)
+    assert elsewhere["ipdg"] > here["ipdg"] and elsewhere["fixed"] == here["fixed"]
