@@ -70,6 +70,9 @@ class Calibration:
     # level 1 is often free (the root's next token is known from the verdict) and a tree whose
     # frontier falls below the score floor stops early
     steps_by_policy: dict[str, dict[int, float]] = field(default_factory=dict)
+    # per policy: mean levels a kept branch supplied by the steps it ran (a tree branch's roots
+    # share the steps: 3 steps gave 1.6-2.0 levels on a Zen 3, not 3)
+    reused_by_policy: dict[str, dict[int, float]] = field(default_factory=dict)
     p_accept: float = 0.6  # per-token acceptance (for censored rounds)
     p_hit_full: float = 0.5  # proactive hit rate after a fully accepted round
     p_hit_part: float = 0.3  # ... after a partly accepted round
@@ -134,6 +137,11 @@ class Calibration:
         """Mean draft steps a round runs to draft ``planned`` levels (``planned`` where untraced)."""
         return self.steps_by_policy.get(policy or "", {}).get(planned, float(planned)) if planned > 0 else 0.0
 
+    def reused(self, steps: int, levels: int, policy: str | None = None) -> float:
+        """Mean levels a kept branch of ``steps`` steps supplies (``levels`` at most; ``steps``
+        where untraced)."""
+        return min(float(levels), self.reused_by_policy.get(policy or "", {}).get(steps, float(steps)))
+
     def reach(self, p: int) -> int:
         """Levels a prompt-lookup chain offers at replay position ``p`` (0: none)."""
         return self.lookup_reach[p % len(self.lookup_reach)] if self.lookup_reach else 0
@@ -141,7 +149,7 @@ class Calibration:
     def to_json(self) -> dict:
         d = {k: getattr(self, k) for k in self.__slots__
              if k not in ("step_s", "match_bits", "lookup_reach", "run_starts", "levels_by_policy",
-                          "steps_by_policy")}
+                          "steps_by_policy", "reused_by_policy")}
         d["step_s_median"] = statistics.median(self.step_s) if self.step_s else None
         d["step_samples"] = len(self.step_s)
         d["match_bits"] = len(self.match_bits)
@@ -202,6 +210,8 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
     cal.cut_continue = fit_confidence_cut(rounds)
     cal.chain_step = fit_chain_step(rounds)
     cal.branch_steps_by_policy = fit_branch_steps(rounds)
+    cal.reused_by_policy = _per_policy(((r, r.get("proactive_steps", 0), r.get("reused_depth", 0)) for r in rounds
+                                        if r.get("proactive_hit") and r.get("proactive_steps")), statistics.fmean)
     cal.source = ", ".join(sorted({str(r.get("profile")) for r in runs}))
     return cal
 

@@ -88,7 +88,8 @@ def run_branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int |
     e.res.interrupts += stopped is not None
     if kept:
         e.res.hits += 1
-        e.reused = min(steps, levels)  # a tree branch's root steps add no level (traced reused_depth <= 4)
+        # the levels it supplies: as traced for its steps (a tree branch's roots share them)
+        e.reused = min(steps, levels) if e.oracle else draw_count(e.rng, e.cal.reused(steps, levels, pol.name))
     else:
         e.res.discarded += steps
     e.res.draft_steps += steps

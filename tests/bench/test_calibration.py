@@ -238,3 +238,18 @@ def test_the_reference_step_is_the_schedule_free_cells_and_a_burst_s_quiet_half_
     e = sim._Edge(0, policies.POLICIES["fixed"], cal, parse_schedule("burst:4:4"), get_profile("lan"), 16, 0, 0.0,
                   False, sim.CoordinatorConfig(depth=4))
     assert e.factor(1.0) == pytest.approx(2.4) and e.factor(5.0) == pytest.approx(1.2)
+
+
+def test_a_kept_branch_supplies_the_levels_traced_for_its_steps(cal):
+    """A tree branch's roots share its steps, so a kept branch of 3 steps supplied 1.6-2.0 levels
+    on a Zen 3, not 3: the calibration keeps the traced mean per policy and step count, and the
+    simulator's kept branch supplies that many (it drafts the rest)."""
+    rows = [_row(i, policy="ipdg", proactive_steps=3, proactive_hit=True, reused_depth=1 + i % 2)
+            for i in range(1, 9)] + [_row(9, policy="ipdg", proactive_steps=5, proactive_hit=False, reused_depth=0)]
+    fit = calibrate(rows, [], {})
+    assert fit.reused_by_policy == {"ipdg": {3: pytest.approx(1.5)}}
+    assert fit.reused(3, 4, "ipdg") == pytest.approx(1.5) and fit.reused(3, 1, "ipdg") == 1.0
+    assert fit.reused(5, 4, "ipdg") == 4.0 and fit.reused(2, 4, "rapid") == 2.0  # untraced: its steps
+    traced = replace(cal, reused_by_policy={"ipdg": {k: 0.0 for k in range(1, 9)}})
+    free = _sim("ipdg", replace(cal, reused_by_policy={}))
+    assert free.hits > 0 and _sim("ipdg", traced).draft_steps > free.draft_steps
