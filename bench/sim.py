@@ -14,7 +14,8 @@ Model (one edge; N edges share one cloud in the scale study):
 - acceptance replayed from the traces as a per-position match string (a round that accepted a
   of the L levels it sent gives a ones and, if a < L, a zero; a fully accepted round's next bit
   is drawn with the traced per-token acceptance); proactive hits drawn per position with the
-  traced hit rates (separately for fully and partly accepted rounds);
+  traced hit rates (separately for fully and partly accepted rounds); a kept branch supplies
+  the levels traced for its step count, per policy (its roots share its steps);
 - the tree's shape as traced per policy: the draft steps a planned depth ran (level 1 is often
   free), the levels the send cut kept, and, aligned with the match string, the reach of a
   prompt-lookup chain where a traced tree went deeper than it drafted (a simulated round sends
@@ -269,7 +270,7 @@ def simulate(policy: Policy | str, cal: Calibration, sched: Schedule, prof: NetP
 
     def generation(s: int, c: Calibration) -> Cloud:  # every edge's generation, drawn from seed s
         return Cloud([_Edge(i, policy, c, sched, prof, tokens, s, phases[i], startup, config, colocated)
-                       for i in range(edges)], c, replicas, max_batch, ingress_s)
+                      for i in range(edges)], c, replicas, max_batch, ingress_s)
 
     sim = generation(seed, cal)
     es = sim.es
