@@ -19,7 +19,7 @@ class StepFit:
     cal_intensity: float = 1.0
     # per traced schedule: the slowdown of steps in rounds wholly in its load / wholly out of it
     # (a burst schedule's quiet half is not the idle edge of a schedule-free run: ×1.17 on a
-    # Zen 3, 2026-12-07, measured after the other schedules' cells, so drift or after-effects)
+    # Zen 3, 2026-12-07: mostly the machine's drift over the run, ≤ 7 % the load's after-effect)
     slowdown_by_schedule: dict[str, float] = field(default_factory=dict)
     idle_slowdown_by_schedule: dict[str, float] = field(default_factory=dict)
 
