@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rapid.bench.md_table import md_table
@@ -99,11 +100,11 @@ def steps_beside(r: dict) -> float:
     return max(0.0, min(busy, up + r["verify_s"]) - up)
 
 
-def _ratio(rows: list[dict], alone) -> float:
+def _ratio(rows: list[dict], alone: Callable[[float], float]) -> float:
     return sum(r["verify_s"] for r in rows) / sum(alone(r["tree_nodes"]) for r in rows)
 
 
-def fit_colocation(rounds: list[dict], alone, scheds: dict) -> ColocationFit:
+def fit_colocation(rounds: list[dict], alone: Callable[[float], float], scheds: dict) -> ColocationFit:
     """The tax against ``alone(nodes)``, the verify with the edge idle (ratios of sums, over
     rounds with nothing drafted beside the verify unless said):
 
@@ -113,7 +114,8 @@ def fit_colocation(rounds: list[dict], alone, scheds: dict) -> ColocationFit:
         κ = Σ (verify_s − alone · out-of-load factor) / Σ steps_beside   over unloaded rounds with a step beside
 
     (a step in the load taxes the verify little more than the load itself: κ fitted on loaded
-    rounds was 0.01-0.13 against 0.20-0.26 unloaded; Zen 3, 2026-12-07). 1 / 0 where nothing fits."""
+    rounds was 0.01-0.13 against 0.20-0.26 unloaded; Zen 3, 2026-12-07). 1 / 0 where nothing fits;
+    κ kept in [0, 0.9] (the simulator's growing window needs κ < 1)."""
     timed = [r for r in rounds if r.get("round", 0) > 0 and r.get("verify_s", 0) > 0 and r.get("tree_nodes")]
     quiet = [r for r in timed if not r.get("proactive_steps") and not r.get("catch_up_s")]
     on: dict[str, list[dict]] = defaultdict(list)
