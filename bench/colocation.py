@@ -82,11 +82,15 @@ class ColocationFit:
 MIN_ROUNDS = 5  # rounds a schedule's phase needs for its own verify factor
 
 
+def _nothing_beside(r: dict) -> bool:
+    """A round whose edge drafted nothing while its verify ran: no proactive or catch-up step."""
+    return not r.get("proactive_steps") and not r.get("catch_up_s")
+
+
 def verify_alone(r: dict) -> bool:
-    """A round whose verify ran with the edge's core idle: no proactive or catch-up step beside it
-    and no contention load (round 0 left out: it may include the session's first forward)."""
-    return (r.get("round", 0) > 0 and r.get("verify_s", 0) > 0 and not r.get("proactive_steps")
-            and not r.get("catch_up_s") and not r.get("load"))
+    """A round whose verify ran with the edge's core idle: nothing drafted beside it and no
+    contention load (round 0 left out: it may include the session's first forward)."""
+    return r.get("round", 0) > 0 and r.get("verify_s", 0) > 0 and _nothing_beside(r) and not r.get("load")
 
 
 def steps_beside(r: dict) -> float:
@@ -117,7 +121,7 @@ def fit_colocation(rounds: list[dict], alone: Callable[[float], float], scheds: 
     rounds was 0.01-0.13 against 0.20-0.26 unloaded; Zen 3, 2026-12-07). 1 / 0 where nothing fits;
     κ kept in [0, 0.9] (the simulator's growing window needs κ < 1)."""
     timed = [r for r in rounds if r.get("round", 0) > 0 and r.get("verify_s", 0) > 0 and r.get("tree_nodes")]
-    quiet = [r for r in timed if not r.get("proactive_steps") and not r.get("catch_up_s")]
+    quiet = [r for r in timed if _nothing_beside(r)]
     on: dict[str, list[dict]] = defaultdict(list)
     off: dict[str, list[dict]] = defaultdict(list)
     for r in quiet:

@@ -70,7 +70,6 @@ class Cloud:
             step_tax = self.cal.step_tax if e.colocated and not loaded else 0.0  # (in a load: taxed whole)
             self.pending[idx]["verify_s"] = dur
             self.pending[idx]["window"] = VerifyWindow(t, t + dur, step_tax)
-            e = self.es[idx]
             down = e.prof.sample_rtt_s(e.rng) / 2 + self.cal.overhead_s + self.ingress_s
             self.push(t + dur + down, "verdict", idx)
         self.push(t + dur, "cloud_free", -1, r)

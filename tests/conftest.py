@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import pytest
 
@@ -91,3 +92,19 @@ def proc_state():
             return None
 
     return state
+
+
+@pytest.fixture
+def exited(proc_state):
+    """``exited(pid, within=0)``: whether the process is gone or has exited unreaped (state Z),
+    polling up to ``within`` seconds."""
+
+    def check(pid: int, within: float = 0.0) -> bool:
+        deadline = time.monotonic() + within
+        while proc_state(pid) not in (None, "Z"):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    return check

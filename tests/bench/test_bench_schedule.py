@@ -83,7 +83,7 @@ def test_gpu_load_without_a_gpu_is_a_clear_error():
     LoadProcess(parse_schedule("none"), None, "cuda").close()  # no load, nothing to check
 
 
-def test_a_load_whose_bench_is_killed_stops_spinning(tmp_path, proc_state):
+def test_a_load_whose_bench_is_killed_stops_spinning(tmp_path, proc_state, exited):
     """A real bench-like process starts a sustained load and is killed with SIGKILL (no close(),
     no atexit): its load process exits by itself instead of loading the machine for whatever runs
     next."""
@@ -109,12 +109,7 @@ def test_a_load_whose_bench_is_killed_stops_spinning(tmp_path, proc_state):
         assert proc_state(load_pid) in ("R", "S")  # spinning (or between slots)
         bench.send_signal(signal.SIGKILL)
         bench.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if proc_state(load_pid) in (None, "Z"):  # gone, or exited and not yet reaped by the init it went to
-                break
-            time.sleep(0.05)
-        else:
+        if not exited(load_pid, within=10):  # gone, or exited and not yet reaped by the init it went to
             os.kill(load_pid, signal.SIGKILL)
             raise AssertionError("the load process outlived its bench by 10 s")
     finally:
