@@ -8,14 +8,13 @@ import random
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from rapid.bench.colocation import fit_colocation, verify_alone
 from rapid.bench.edgellm_fit import fit_branch_steps, fit_chain_step, fit_confidence_cut
 from rapid.bench.gpu_profile import load_gpu_profile
 from rapid.bench.positions import bits_by_position, chains_by_position, rounds_at, sent_levels
 from rapid.bench.step_fit import fit_steps
-from rapid.bench.traces import group_runs, read_meta, read_rounds, read_runs, run_key, with_previous
+from rapid.bench.traces import group_runs, run_key, with_previous
 from rapid.runtime.cost_model import interpolate_sorted
 from rapid.runtime.tree import AUTO_BUDGET_CAP
 
@@ -165,20 +164,6 @@ def _linfit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
     b = max(b, 0.0)
     return max(my - b * mx, 1e-4), b
-
-
-def load_traces(folders: list[str | Path]) -> tuple[list[dict], list[dict], dict]:
-    """Rounds, runs and the first folder's meta; the warm-up rounds of every folder, where
-    recorded (``warmup.jsonl``), as ``meta["warmup_rounds"]``."""
-    rounds, runs, meta, warmup = [], [], {}, []
-    for f in map(Path, folders):  # every record checked: TraceError naming the file and line
-        rounds += read_rounds(f / "rounds.jsonl")
-        runs += read_runs(f / "runs.jsonl")
-        meta = meta or read_meta(f / "meta.json")
-        warmup += read_rounds(f / "warmup.jsonl")
-    if warmup:
-        meta = {**meta, "warmup_rounds": warmup}
-    return rounds, runs, meta
 
 
 def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str | None = None,

@@ -9,7 +9,7 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from rapid.bench.calibration import calibrate, fit_cloud, fit_prompt_set, load_traces
+from rapid.bench.calibration import calibrate, fit_cloud, fit_prompt_set
 from rapid.bench.contention import Schedule, parse_schedule
 from rapid.bench.md_table import md_table
 from rapid.bench.netem import get_profile
@@ -17,7 +17,7 @@ from rapid.bench.plots import _plt
 from rapid.bench.preset_report import default_policies, run_presets
 from rapid.bench.report import aggregate
 from rapid.bench.sim import ORACLE, ORACLE_LOAD, sim_tok_s, simulate
-from rapid.bench.traces import TraceError, make_output_folder
+from rapid.bench.traces import TraceError, load_traces, make_output_folder
 from rapid.core.errors import OptionError
 from rapid.runtime.policies import POLICIES
 

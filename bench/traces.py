@@ -144,3 +144,17 @@ def with_previous(by_run: dict[tuple, list[dict]]) -> Iterator[tuple[dict, dict 
         for r in sorted(rs, key=lambda x: x["round"]):
             yield r, prev
             prev = r
+
+
+def load_traces(folders: list[str | Path]) -> tuple[list[dict], list[dict], dict]:
+    """Rounds, runs and the first folder's meta; the warm-up rounds of every folder, where
+    recorded (``warmup.jsonl``), as ``meta["warmup_rounds"]``."""
+    rounds, runs, meta, warmup = [], [], {}, []
+    for f in map(Path, folders):  # every record checked: TraceError naming the file and line
+        rounds += read_rounds(f / "rounds.jsonl")
+        runs += read_runs(f / "runs.jsonl")
+        meta = meta or read_meta(f / "meta.json")
+        warmup += read_rounds(f / "warmup.jsonl")
+    if warmup:
+        meta = {**meta, "warmup_rounds": warmup}
+    return rounds, runs, meta

@@ -4,12 +4,13 @@ import pytest
 
 from rapid.bench import calibration, presets, sim
 from rapid.bench.contention import parse_schedule
+from rapid.bench.traces import load_traces
 from rapid.runtime import policies
 
 
 @pytest.fixture
 def cal(canned):
-    rounds, runs, meta = calibration.load_traces([canned])
+    rounds, runs, meta = load_traces([canned])
     return calibration.calibrate(rounds, runs, meta)
 
 

@@ -3,12 +3,13 @@ import pytest
 from rapid.bench import calibration, sim
 from rapid.bench.contention import parse_schedule
 from rapid.bench.netem import get_profile
+from rapid.bench.traces import load_traces
 from rapid.runtime import caac, cost_caac, policies
 
 
 @pytest.fixture
 def cal(canned):
-    rounds, runs, meta = calibration.load_traces([canned])
+    rounds, runs, meta = load_traces([canned])
     return calibration.calibrate(rounds, runs, meta)
 
 
@@ -190,7 +191,7 @@ def test_prompt_set_refit_takes_that_sets_startup(canned, cal):
 
     from rapid.bench.calibration import fit_prompt_set
 
-    rounds, runs, _ = calibration.load_traces([canned])
+    rounds, runs, _ = load_traces([canned])
     longer = [dict(r, wall_s=r["wall_s"] + 5.0) for r in runs]  # e.g. a longer prompt to prefill
     refit = fit_prompt_set(replace(cal), rounds, longer)
     assert refit.startup_s == pytest.approx(cal.startup_s + 5.0, abs=1e-9)

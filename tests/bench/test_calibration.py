@@ -9,6 +9,7 @@ from rapid.bench import calibration, sim
 from rapid.bench.calibration import calibrate, fit_acceptance
 from rapid.bench.contention import parse_schedule
 from rapid.bench.netem import get_profile
+from rapid.bench.traces import load_traces
 from rapid.runtime import policies
 
 
@@ -21,7 +22,7 @@ def _row(i, policy="fixed", depth=4, steps=4, tree_depth=4, accepted=0, run="0",
 
 @pytest.fixture
 def cal(canned):
-    return calibrate(*calibration.load_traces([canned]))
+    return calibrate(*load_traces([canned]))
 
 
 def _sim(policy, cal, tokens=64):
@@ -181,7 +182,7 @@ def test_warmup_rounds_are_the_reference_of_a_loaded_only_trace(tmp_path):
     for name, data in (("rounds.jsonl", rows), ("warmup.jsonl", warm), ("runs.jsonl", [])):
         (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in data))
     (tmp_path / "meta.json").write_text(json.dumps(meta))
-    rounds, runs, got = calibration.load_traces([tmp_path])
+    rounds, runs, got = load_traces([tmp_path])
     assert rounds == rows and got["warmup_rounds"] == warm
     cal = calibrate(rounds, runs, got)
     assert cal.step_s == pytest.approx([0.1] * 5) and cal.step_reference.startswith("warm-up")

@@ -93,7 +93,7 @@ def test_a_step_that_outlasts_the_verify_meets_what_it_added():
 
 
 def _cal_with_tax(canned, step_tax, by_schedule=None):
-    from rapid.bench.calibration import load_traces
+    from rapid.bench.traces import load_traces
 
     cal = calibrate(*load_traces([canned]))
     cal.step_tax, cal.verify_by_schedule, cal.load_tax = step_tax, by_schedule or {}, 0.0
