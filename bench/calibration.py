@@ -13,6 +13,7 @@ from rapid.bench.colocation import fit_colocation, verify_alone
 from rapid.bench.edgellm_fit import fit_branch_steps, fit_chain_step, fit_confidence_cut
 from rapid.bench.gpu_profile import load_gpu_profile
 from rapid.bench.positions import bits_by_position, chains_by_position, rounds_at, sent_levels
+from rapid.bench.round_replay import RoundReplay, TracedRound
 from rapid.bench.step_fit import fit_steps
 from rapid.bench.traces import group_runs, run_key, with_previous
 from rapid.runtime.cost_model import interpolate_sorted
@@ -59,9 +60,9 @@ class Calibration:
     # aligned with match_bits: levels a prompt-lookup chain offers a round that starts there
     # (a traced round whose sent tree reached deeper than its drafted levels), 0 elsewhere
     lookup_reach: list[int] = field(default_factory=list)
-    # indices into match_bits where a traced generation starts (its position 0); a simulated
-    # generation starts at one of them, empty: anywhere
-    run_starts: list[int] = field(default_factory=list)
+    # where each traced generation starts in match_bits (its position 0) and its rounds
+    # (rapid.bench.round_replay); a simulated generation starts at one of its policy's, none: anywhere
+    replay: RoundReplay = field(default_factory=RoundReplay)
     # per policy: median levels of the sent tree by drafted levels, lookup rounds left out (the
     # send cut keeps fewer levels than were drafted where deep nodes do not pay)
     levels_by_policy: dict[str, dict[int, float]] = field(default_factory=dict)
@@ -141,13 +142,17 @@ class Calibration:
         where untraced)."""
         return min(float(levels), self.reused_by_policy.get(policy or "", {}).get(steps, float(steps)))
 
+    @property
+    def run_starts(self) -> list[int]:
+        return self.replay.starts
+
     def reach(self, p: int) -> int:
         """Levels a prompt-lookup chain offers at replay position ``p`` (0: none)."""
         return self.lookup_reach[p % len(self.lookup_reach)] if self.lookup_reach else 0
 
     def to_json(self) -> dict:
         d = {k: getattr(self, k) for k in self.__slots__
-             if k not in ("step_s", "match_bits", "lookup_reach", "run_starts", "levels_by_policy",
+             if k not in ("step_s", "match_bits", "lookup_reach", "replay", "levels_by_policy",
                           "steps_by_policy", "reused_by_policy")}
         d["step_s_median"] = statistics.median(self.step_s) if self.step_s else None
         d["step_samples"] = len(self.step_s)
@@ -307,12 +312,14 @@ def fit_acceptance(cal: Calibration, rounds: list[dict], seed: int = 0) -> Calib
     reach: list[int] = []
     by_run = group_runs(rounds)
     chains, seen = chains_by_position(by_run), bits_by_position(by_run)
-    starts: list[int] = []
+    replay = RoundReplay()
     for (r, kept), (_, at) in zip(_in_order(by_run), rounds_at(by_run), strict=True):
         if at == 0:
-            starts.append(len(bits))
+            replay.add_start(len(bits), str(r.get("policy")), str(r.get("schedule", "none")))
         n = sent_levels(r) if r.get("depth", 0) > 0 or r.get("tree_depth") else 0  # 0: sent nothing
         a = min(r["accepted"], n)
+        replay.rounds[len(bits)] = TracedRound(str(r.get("policy")), int(r.get("depth", 0)), kept,
+                                               int(r.get("draft_steps", 0)), n, int(r.get("tree_nodes", 0)))
         lookup = _chain_levels(r, n, kept)
         key = (r.get("set"), r.get("prompt_id"))
         here = chains.get(key, {})
@@ -320,7 +327,7 @@ def fit_acceptance(cal: Calibration, rounds: list[dict], seed: int = 0) -> Calib
         p_next = ones_zeros[0] / sum(ones_zeros) if ones_zeros else cal.p_accept
         bits += [1] * a + [0 if a < n else int(rng.random() < p_next)]
         reach += [max(lookup - j, here.get(at + j, 0), 0) for j in range(a + 1)]
-    cal.match_bits, cal.lookup_reach, cal.run_starts = (bits, reach, starts) if bits else ([1, 1, 0], [], [])
+    cal.match_bits, cal.lookup_reach, cal.replay = (bits, reach, replay) if bits else ([1, 1, 0], [], RoundReplay())
     cal.levels_by_policy = _levels_by_policy(by_run)
     cal.steps_by_policy = _steps_by_policy(by_run)
     branched = [r for r in rounds if r.get("proactive_hit") is not None]

@@ -13,7 +13,10 @@ Model (one edge; N edges share one cloud in the scale study):
 - a step out of a burst's load runs at the slowdown traced there (``rapid.bench.step_fit``);
 - acceptance replayed from the traces as a per-position match string (a round that accepted a
   of the L levels it sent gives a ones and, if a < L, a zero; a fully accepted round's next bit
-  is drawn with the traced per-token acceptance); proactive hits drawn per position with the
+  is drawn with the traced per-token acceptance), a generation starting where one of its
+  policy's traced generations (under its schedule where traced) started, and a round that starts
+  where its traced twin did with the same plan taking that round's steps, levels and nodes
+  (``rapid.bench.round_replay``); proactive hits drawn per position with the
   traced hit rates (separately for fully and partly accepted rounds); a kept branch supplies
   the levels traced for its step count, per policy (its roots share its steps);
 - the tree's shape as traced per policy: the draft steps a planned depth ran (level 1 is often
@@ -62,6 +65,7 @@ from rapid.bench.calibration import Calibration
 from rapid.bench.contention import Schedule
 from rapid.bench.netem import NetProfile
 from rapid.bench.oracle_plan import plan_depth
+from rapid.bench.round_replay import TracedRound
 from rapid.bench.sim_cloud import Cloud
 from rapid.bench.sim_lookup import chain_outlook, observe_chain
 from rapid.runtime.branch_gate import BranchGate
@@ -126,8 +130,10 @@ class _Edge:
         self.target = tokens
         self.rng = random.Random(seed * 1_000_003 + idx)
         self.phase = phase
-        k = seed * 7919 + idx * 104729  # a traced generation's start, else anywhere in the replay
-        self.offset = cal.run_starts[k % len(cal.run_starts)] if cal.run_starts else k % len(cal.match_bits)
+        # a traced generation's start (its policy's where traced: rapid.bench.round_replay), else anywhere
+        k = seed * 7919 + idx * 104729
+        starts = cal.replay.starts_for(None if self.oracle or self.load_oracle else self.policy.name, sched.name)
+        self.offset = starts[k % len(starts)] if starts else k % len(cal.match_bits)
         hr = random.Random(seed * 31 + idx)
         self.u_hit = [hr.random() for _ in range(tokens + 16)]
         self.res = EdgeResult()
@@ -155,17 +161,26 @@ class _Edge:
             k += 1
         return k
 
-    def sent_levels(self, depth: int) -> int:
-        """Levels of the tree a round sends for a drafted ``depth``: the traced levels after the
-        send cut, or a longer prompt-lookup chain where the replay offers one (the oracle drafts
-        exactly the chain it planned). A round that drafts nothing (depth 0: ``rapid-cost``) sends
-        the chain alone. As the coordinator, nothing past ``left - 1`` levels (the bonus token ends
-        the generation there)."""
+    def traced_round(self, depth: int) -> TracedRound | None:
+        """The traced round of this policy that started here with the same plan (``depth`` and
+        the levels kept from the branch), which this round replays (``rapid.bench.round_replay``);
+        None for the oracles and EdgeLLM's cut (their own models)."""
+        if self.oracle or self.load_oracle or self.policy.confidence_floor is not None:
+            return None
+        index = (self.offset + self.pos) % len(self.cal.match_bits)
+        return self.cal.replay.at(index, self.policy.name, depth, self.reused)
+
+    def sent_levels(self, depth: int, traced: int | None = None) -> int:
+        """Levels of the tree a round sends for a drafted ``depth``: ``traced`` (the replayed
+        round's), else the traced levels after the send cut, or a longer prompt-lookup chain where
+        the replay offers one (the oracle drafts exactly the chain it planned). A round that
+        drafts nothing (depth 0: ``rapid-cost``) sends the chain alone. As the coordinator,
+        nothing past ``left - 1`` levels (the bonus token ends the generation there)."""
         if self.oracle or not self.policy.drafting:
             return depth
         chain = self.cal.reach(self.offset + self.pos)
         levels = chain if depth <= 0 else max(self.cal.levels(depth, self.policy.name), chain)
-        return min(levels, max(0, self.target - self.pos - 1))
+        return min(levels if traced is None else traced, max(0, self.target - self.pos - 1))
 
     def lookup_outlook(self) -> tuple[list[float], int]:
         """As ``Drafter.lookup_outlook``: the replayed chain here (at most the session's budget)."""

@@ -93,7 +93,10 @@ class Cloud:
             t += e.prefill * e.factor(t)
             e.prefill = 0.0
         planned = max(0, depth - e.reused) if depth > 0 else 0
-        if not e.oracle and e.policy.confidence_floor is None:  # (EdgeLLM's cut has its own model)
+        traced = e.traced_round(depth)  # the traced round this one follows, if any: its steps and tree
+        if traced is not None:
+            planned = traced.steps
+        elif not e.oracle and e.policy.confidence_floor is None:  # (EdgeLLM's cut has its own model)
             # the traced steps for those levels (level 1 is often free), rounded at random
             planned = draw_count(e.rng, e.cal.steps(planned, e.policy.name))
         steps = 0
@@ -109,14 +112,17 @@ class Cloud:
         t = max(t, now)  # (round 0 drafted ahead: sent once Ready is in)
         nodes = float(depth) if e.oracle else (e.cal.nodes(depth, e.policy.name) if depth > 0
                                                else float(e.sent_levels(0)))  # depth 0: the lookup chain
-        self.pending[e.idx] = {"depth": depth, "t_send": t, "t_start": now, "nodes": nodes}
+        levels = None
+        if traced is not None:
+            nodes, levels = float(traced.nodes), traced.levels
+        self.pending[e.idx] = {"depth": depth, "t_send": t, "t_start": now, "nodes": nodes, "levels": levels}
         self.push(t + e.prof.sample_rtt_s(e.rng) / 2, "arrive", e.idx, nodes)
 
     def on_verdict(self, e, t_arr: float) -> None:
         """Accept, run (or have run) the proactive branch, observe, and schedule the next round."""
         p = self.pending.pop(e.idx)
         depth, t_send = p["depth"], p["t_send"]
-        cap = e.sent_levels(depth)
+        cap = e.sent_levels(depth, p["levels"])
         a = e.run_len(e.pos, cap)
         full = depth > 0 and a >= cap
         hit = e.hit(e.pos + a, full)
