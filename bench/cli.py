@@ -143,13 +143,23 @@ def _check_run_options(cfg: BenchConfig) -> None:
                         ("--token-budget", cfg.token_budget)):
         if value is not None and value < 1:
             raise OptionError(f"{flag} must be >= 1, got {value}")
-    for spec in cfg.schedules or []:
-        parse_schedule(spec)
+    _once("--contention", [parse_schedule(spec).name for spec in cfg.schedules or []])
+    for flag, names in (("--policies", cfg.policies), ("--sets", cfg.sets), ("--profiles", cfg.profiles)):
+        _once(flag, names or [])
     for name in cfg.profiles or []:
         get_profile(name)
     EdgeConfig(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed)  # --temperature, --top-p, --seed
     if cfg.prompts_source is not None:
         load_sets(cfg.prompts_source, cfg.sets)
+
+
+def _once(flag: str, names: list[str]) -> None:
+    """OptionError where a list names one thing twice: its generations would share one record key
+    (the report and ``rapid sim`` would merge them, rounds and all)."""
+    twice = next((n for k, n in enumerate(names) if n in names[:k]), None)
+    if twice is not None:
+        raise OptionError(f"{flag} names {twice!r} twice: its runs would share their records' key "
+                          "(--repeats runs more; two bench runs compare orders)")
 
 
 def main_bench(argv: list[str]) -> int:

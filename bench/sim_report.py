@@ -17,7 +17,7 @@ from rapid.bench.plots import _plt
 from rapid.bench.preset_report import default_policies, run_presets
 from rapid.bench.report import aggregate
 from rapid.bench.sim import ORACLE, ORACLE_LOAD, sim_tok_s, simulate
-from rapid.bench.traces import TraceError, load_traces, make_output_folder
+from rapid.bench.traces import TraceError, load_traces, make_output_folder, shared_run
 from rapid.core.errors import OptionError
 from rapid.runtime.policies import POLICIES
 
@@ -85,6 +85,12 @@ def read_traced_folder(folder: str | Path) -> tuple[str, list[dict], list[dict],
     for name, records in (("runs", runs), ("rounds", rounds)):
         if not records:
             raise TraceError(f"no {name} in {f / (name + '.jsonl')}: nothing to calibrate from")
+    shared = shared_run(rounds)
+    if shared is not None:
+        raise TraceError(f"{f / 'rounds.jsonl'}: two generations share the key {shared[1:]} (profile, schedule, "
+                         "set, prompt, repeat, policy): a list named one thing twice; the replay cannot part them")
+    for r in rounds + runs:  # pooled with other folders: each generation stays its own (traces.run_key)
+        r["trace"] = str(f)
     return f.name, rounds, runs, meta
 
 

@@ -126,8 +126,22 @@ def read_meta(path: Path) -> dict:
 
 
 def run_key(r: dict) -> tuple:
-    """The generation a round or a run record belongs to."""
-    return (r.get("profile"), r.get("schedule"), r.get("set"), r.get("prompt_id"), r.get("repeat"), r.get("policy"))
+    """The generation a round or a run record belongs to (``trace``: the folder it was read from,
+    where several are pooled: two runs of one bench command share every other field)."""
+    return (r.get("trace"), r.get("profile"), r.get("schedule"), r.get("set"), r.get("prompt_id"), r.get("repeat"),
+            r.get("policy"))
+
+
+def shared_run(rounds: list[dict]) -> tuple | None:
+    """The key of a generation whose rounds repeat a round number (two generations under one
+    key: a bench that ran one schedule, policy or set twice), else None."""
+    seen: set[tuple] = set()
+    for r in rounds:
+        k = (*run_key(r), r.get("round"))
+        if k in seen:
+            return run_key(r)
+        seen.add(k)
+    return None
 
 
 def group_runs(rounds: list[dict]) -> dict[tuple, list[dict]]:

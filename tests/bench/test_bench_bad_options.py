@@ -33,6 +33,12 @@ def _config(out: Path, *argv: str):
     (["--quick", "--sets", " , "], "--sets wants a comma list of names"),
     (["--contention", ","], "--contention wants a comma list of names"),
     (["--profiles", ","], "--profiles wants a comma list of names"),
+    # one name twice: its runs would share a record key, and the report and the sim merge them
+    (["--contention", "burst:4:4,none,burst:4:4"], "--contention names 'burst:4:4' twice"),
+    (["--contention", "sustained,sustained:1"], "--contention names 'sustained' twice"),  # the same schedule
+    (["--policies", "fixed,rapid,fixed"], "--policies names 'fixed' twice"),
+    (["--sets", "c4,oasst,c4"], "--sets names 'c4' twice"),
+    (["--profiles", "wan,wan"], "--profiles names 'wan' twice"),
 ])
 def test_bad_run_options_are_option_errors(tmp_path, argv, says):
     with pytest.raises(OptionError) as e:

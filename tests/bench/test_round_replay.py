@@ -11,7 +11,8 @@ from rapid.bench.calibration import calibrate, fit_acceptance
 from rapid.bench.contention import parse_schedule
 from rapid.bench.netem import get_profile
 from rapid.bench.round_replay import RoundReplay, TracedRound
-from rapid.bench.traces import load_traces
+from rapid.bench.sim_report import read_traced_folder
+from rapid.bench.traces import group_runs, load_traces
 from rapid.runtime import policies
 
 
@@ -90,3 +91,19 @@ def test_a_round_that_follows_its_traced_twin_replays_its_steps_and_tree(cal):
     for seed in range(6):
         e = _sim("fixed", fit, seed=seed)
         assert (e.rounds, e.accepted, e.draft_steps) == (8, 16, 23)
+
+
+def test_folders_pooled_keep_their_generations_apart(canned, tmp_path):
+    """Two runs of one bench command share every key field; pooled (``rapid sim --traces A
+    --traces B``) each generation stays its own, so the replay has twice the run starts, each as
+    long as one generation. Before, their rounds merged under one key, two of each round number."""
+    twin = tmp_path / "twin"
+    twin.mkdir()
+    for name in ("meta.json", "rounds.jsonl", "runs.jsonl"):
+        (twin / name).write_bytes((canned / name).read_bytes())
+    one = read_traced_folder(canned)[1]
+    both = one + read_traced_folder(twin)[1]
+    assert len(group_runs(both)) == 2 * len(group_runs(one))
+    single, pooled = calibrate(one, [], {}), calibrate(both, [], {})
+    assert len(pooled.run_starts) == 2 * len(single.run_starts)
+    assert pooled.match_bits[:len(single.match_bits)] == single.match_bits

@@ -71,6 +71,17 @@ def test_malformed_traces_are_one_line_naming_the_file(canned, tmp_path, capsys,
     assert not (tmp_path / "sim").exists()  # refused before the output folder is made
 
 
+def test_two_generations_under_one_key_are_refused(canned, tmp_path, capsys):
+    """A bench that listed a schedule twice (``--contention burst:4:4,none,burst:4:4``, refused by
+    the bench since) wrote two generations under one key: the replay would interleave their
+    rounds, so the sim names the key instead of simulating garbage."""
+    lines = (canned / "rounds.jsonl").read_text().splitlines()
+    (canned / "rounds.jsonl").write_text("\n".join(lines + lines[:3]) + "\n")  # fixed's first rounds again
+    rc, err = _sim(capsys, "--traces", str(canned), "--out", str(tmp_path / "sim"))
+    line = _one_line(err)
+    assert rc == 2 and "two generations share the key ('wan', 'none', 'c4', '0', 0, 'fixed')" in line, line
+
+
 def test_a_malformed_trace_through_the_real_command(canned, tmp_path):
     _edit_line(canned / "rounds.jsonl", 5, lambda r: r | {"draft_s": None})
     r = subprocess.run([sys.executable, "-m", "rapid.cli", "sim", "--traces", str(canned), "--out",
