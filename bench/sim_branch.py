@@ -73,7 +73,7 @@ def run_branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int |
         window.beside(t, t + d)
         t += d
         steps += 1
-        e.ctrl.observe_step(d, per_step)
+        e.ctrl.observe_step(d, per_step, beside=True)
         e.gate.observe_step(d)
         if pol.interruptible and t >= t_arr + window.grown:
             stopped = steps
@@ -105,5 +105,5 @@ def run_catch_up(e, t_send: float, t_arr: float, window: VerifyWindow) -> float:
         return t_arr
     d = e.step_time(t_send) * e.cal.step_scale(1)
     window.beside(t_send, t_send + d)
-    e.ctrl.observe_step(d, 1)
+    e.ctrl.observe_step(d, 1, beside=True)
     return max(t_arr + window.grown, t_send + d)

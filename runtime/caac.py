@@ -230,13 +230,14 @@ class CAAC:
         return math.isfinite(seconds) and 0 < seconds <= self.config.max_seconds
 
     # ---- physical path -------------------------------------------------------------
-    def observe_step(self, seconds: float, tokens: int) -> None:
-        """Record one complete draft expansion step that fed ``tokens`` tokens."""
+    def observe_step(self, seconds: float, tokens: int, beside: bool = False) -> None:
+        """Record one complete draft expansion step that fed ``tokens`` tokens; ``beside``: it ran
+        while the cloud verified (a branch or catch-up step: ``rapid.runtime.step_cost``)."""
         n = _as_int(tokens)
         if n is None or n < 1 or not self._duration_ok(seconds):
             self._ignored_steps += 1
             return
-        self._phys.observe(float(seconds), n)
+        self._phys.observe(float(seconds), n, bool(beside))
 
     def _gate(self) -> tuple[float, float]:
         """(esr, eta) from the current physical state."""

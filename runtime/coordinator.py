@@ -100,7 +100,7 @@ class Coordinator:
     def _after_step(self, rec, phase: str, k: int) -> None:
         if self._halt.is_set():
             raise _Halted
-        self.controller.observe_step(rec.seconds, rec.tokens)
+        self.controller.observe_step(rec.seconds, rec.tokens, beside=phase != "draft")  # (runtime.step_cost)
         if self.cfg.step_delay_s:
             time.sleep(self.cfg.step_delay_s)
         if self.step_hook:

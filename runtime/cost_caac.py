@@ -43,7 +43,10 @@ load moved to humaneval, where two levels are accepted in most rounds and the re
 
 Under load the gate does not multiply the depth (CAAC's ``eta * B_hat``): a slowdown raises the
 price of a draft step by ESR, the slowdown the gate measures, and the depth is the argmax at that
-price. A shrink by ``eta`` alone threw the round's acceptance away: with a slow edge (a step
+price. ESR compares each step with its own kind (``rapid.runtime.step_cost``): a branch or
+catch-up step beside the verify with the steps beside it, so the co-location of one host is not
+read as load (against the drafting steps, rapid-cost's catch-up steps under load put its ESR at
+3.1 for a 2.2x load and held depth 0 for whole generations). A shrink by ``eta`` alone threw the round's acceptance away: with a slow edge (a step
 ~0.4 of a verify) under a 2x load CAAC went to depth 1 and accepted under one token a round,
 where the rate at depth 2-3 is higher because the verify and the RTT are paid per round, not per
 step. Inside the band (eta = 1) sigma is 1, so the baselines, learnt without load, price a step

@@ -35,6 +35,17 @@ every prompt length would otherwise grow the table without bound.
 own baseline (a new class counts neither way): one spike moves the ESR, a run says the edge is
 slowed (rapid-cost's depth 0, ``rapid.runtime.cost_caac``).
 
+A step that runs while the cloud verifies (a proactive branch step, a catch-up step) is compared
+with its own table, ``beside``: where edge and cloud share a host (and its memory bandwidth) it
+runs slower than a step of the same size alone, with or without a load (a Zen 3 slow edge:
+catch-up steps 0.333 s against 0.247 s for the drafting steps under a sustained load, 0.156
+against 0.123 without one). Read against the drafting steps' baselines, that co-location read as
+contention: rapid-cost drafting nothing under load fed only catch-up steps, its ESR climbed from
+2.2 to 3.1, a draft step was priced at 0.34 s instead of ~0.25, and depth 0 held whole
+generations where ``rapid``'s depth 1 ran 1.2x faster (``bench-out/zen3-slow2``, wikitext). The
+ESR is one EMA over both kinds (each against its own kind); the drafting steps' table alone
+prices a step on the critical path (``Slowdown.baseline``).
+
 Telemetry: ``tau_cur`` = s of the last step, ``tau_fast`` = EMA(s) and ``tau_slow`` =
 EMA(tau_hat(T)) over the same steps (both at ``alpha_fast``, seconds per step), so ``ESR ~=
 tau_fast / tau_slow``; ``tau_fast`` is also the time cap's seconds per step.
@@ -103,21 +114,24 @@ class Slowdown:
 
     def __init__(self, config: CAACConfig) -> None:
         self.config = config
-        self.baseline = StepBaseline(config.max_classes)
+        self.baseline = StepBaseline(config.max_classes)  # steps alone (the critical path's)
+        self.beside = StepBaseline(config.max_classes)  # steps run while the cloud verifies
         self.steps = 0
         self.esr = 1.0
         self.tau_cur = self.tau_fast = self.tau_slow = 0.0
         self.tokens_per_step = 0.0
         self.slow_run = 0  # steps of a known size in a row, each over band_hi times its own baseline
 
-    def observe(self, seconds: float, tokens: int) -> None:
-        """One complete step of ``tokens`` tokens that took ``seconds`` (> 0, finite)."""
+    def observe(self, seconds: float, tokens: int, beside: bool = False) -> None:
+        """One complete step of ``tokens`` tokens that took ``seconds`` (> 0, finite); ``beside``:
+        it ran while the cloud verified (compared with that table)."""
         c = self.config
         s = max(seconds, c.tau_floor * tokens)
-        base = self.baseline.predict(tokens)
+        table = self.beside if beside else self.baseline
+        base = table.predict(tokens)
         new_class = base is None
         if base is None:  # reads r = ESR: a new class neither raises nor lowers the slowdown
-            base = max(self.baseline.start(tokens, s, self.esr), c.tau_floor * tokens)
+            base = max(table.start(tokens, s, self.esr), c.tau_floor * tokens)
         self.tau_cur = s
         if self.steps == 0:
             self.tau_fast, self.tau_slow, self.tokens_per_step = s, base, float(tokens)
@@ -131,5 +145,5 @@ class Slowdown:
             if not warm:
                 self.esr += c.alpha_fast * (s / base - self.esr)
             average = warm or self.esr <= c.band_hi
-            self.baseline.update(tokens, s, c.alpha_slow if average else c.alpha_slow_hold, average)
+            table.update(tokens, s, c.alpha_slow if average else c.alpha_slow_hold, average)
         self.steps += 1

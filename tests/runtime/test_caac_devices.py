@@ -122,3 +122,24 @@ def test_step_baseline_averages_each_class_then_follows_at_the_rate():
     assert set(b.classes()) == {1, 3, 9}
     with pytest.raises(ValueError, match="max_classes"):
         StepBaseline(0)
+
+
+def test_a_step_beside_the_verify_is_compared_with_its_own_kind():
+    """On one host a step that runs while the cloud verifies (a branch or catch-up step) costs
+    ~1.3x a drafting step of its size, load or not (Zen 3: 0.156 / 0.123 s idle, 0.333 / 0.247 s
+    under a sustained load). Learnt from a mix of mostly drafting steps, one baseline per size
+    blended both kinds; when the mix moved to beside-steps alone (rapid-cost drafting nothing
+    under load: only catch-up steps) the ESR read load x co-location, 2.6 for a 2.2x load, and
+    priced every drafting step that much too high. Each kind against its own reads the load; the
+    critical path's prices come from the drafting steps alone."""
+    ctl = CAAC(CAACConfig(n_warmup=4))
+    for _ in range(30):  # no load: four drafting steps to one beside the verify
+        for tokens in (1, 2, 1, 2):
+            ctl.observe_step(0.10, tokens)
+        ctl.observe_step(0.135, 1, beside=True)
+    idle = ctl.next_depth()
+    assert idle.esr == pytest.approx(1.0, abs=0.02) and idle.eta == 1.0
+    for _ in range(40):  # a 2.2x load, and only catch-up steps beside the verify
+        ctl.observe_step(0.135 * 2.2, 1, beside=True)
+    assert 2.0 < ctl.next_depth().esr < 2.35
+    assert ctl._phys.baseline.classes() == pytest.approx({1: 0.10, 2: 0.10})

@@ -262,3 +262,27 @@ def test_the_send_cut_stops_the_drafting_where_no_further_level_would_be_sent(ti
         assert steps[True] and sum(steps[True]) < 6 * len(steps[True]) // 2, steps
     finally:
         server.close()
+
+
+def test_branch_steps_are_measured_as_steps_beside_the_verify(tiny_pair):
+    """The coordinator tells the controller which steps ran while the cloud verified: the
+    branch's are compared with their own kind (runtime.step_cost), the drafting steps' table
+    prices the critical path. Every step lands in exactly one table."""
+    target, drafts = tiny_pair
+    server = BackgroundServer(VerifierServer(target, answer_delay=lambda: 0.05))
+    try:
+        cfg = CoordinatorConfig(depth=4)
+        ctrl = controller_for(POLICIES["rapid"], cfg)
+        drafter = Drafter(TorchEngine(drafts["partial"], capacity=512), TreeParams(4, 10, 2, 2), (EOS_ID,))
+        coord = Coordinator(drafter, CloudLink(server.url), POLICIES["rapid"], cfg, controller=ctrl)
+        prompt = list(b"a prompt the branch runs beside")
+        gen = asyncio.run(coord.generate(prompt, 24, SamplingParams()))
+        assert gen.tokens == reference_decode(target, prompt, 24, SamplingParams(), (EOS_ID,))
+        phys = ctrl._phys
+        beside = sum(phys.beside.count(t) for t in phys.beside.classes())
+        alone = sum(phys.baseline.count(t) for t in phys.baseline.classes())
+        assert beside == sum(r.proactive_steps for r in gen.records) > 0
+        assert alone == sum(r.draft_steps for r in gen.records) > 0
+        assert alone + beside == phys.steps
+    finally:
+        server.close()
