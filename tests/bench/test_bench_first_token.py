@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rapid.bench.first_token import decode_ratios, first_token_lines, first_verdicts, latency_splits
+from rapid.bench.traces import run_key
 
 
 def _round(i, t_start, t_rel_end, policy, repeat=0, pset="c4", schedule="none"):
@@ -20,7 +21,7 @@ def _run(policy, tokens, wall_s, repeat=0, pset="c4", schedule="none"):
 def test_ttft_is_the_first_verdict_and_tpot_the_rest_per_token():
     rounds = [_round(1, 11.0, 2.6, "fixed"), _round(0, 10.0, 2.0, "fixed"),  # out of order: the earliest counts
               _round(0, 20.0, 2.0, "rapid"), _round(1, 21.0, 2.3, "rapid")]
-    assert first_verdicts(rounds)[("wan", "none", "c4", "0", 0, "fixed")] == 2.0
+    assert first_verdicts(rounds)[run_key(rounds[0])] == 2.0  # (the key of fixed's generation)
     runs = [_run("fixed", 25, 14.0), _run("rapid", 25, 8.0)]
     fixed, rapid = latency_splits(runs, rounds)
     assert (fixed.policy, fixed.ttft_s, fixed.tpot_s) == ("fixed", 2.0, pytest.approx(0.5))  # 12 s / 24
