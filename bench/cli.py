@@ -244,6 +244,10 @@ def _check_sim_options(a: argparse.Namespace) -> None:
     _check_sim_lists(a)
     for t in a.traces:  # each a bench output folder (its records are checked as they are read)
         check_traced_folder(t)
+    where = [Path(t).resolve() for t in a.traces]
+    twice = next((t for k, t in enumerate(a.traces) if where[k] in where[:k]), None)
+    if twice is not None:  # pooled with itself, every generation would share its key twice
+        raise OptionError(f"--traces names {twice} twice")
     if a.gpu_profile is not None:
         load_gpu_profile(a.gpu_profile)
 

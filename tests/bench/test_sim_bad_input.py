@@ -111,6 +111,7 @@ BAD_OPTIONS = {
     "ingress_inf": (["--ingress-ms", "inf", "--replicas", "2"], "--ingress-ms must be a finite number >= 0, got inf"),
     "traces_missing": (["--traces", "{tmp}/nope"], "--traces {tmp}/nope: no such folder"),
     "traces_empty_folder": (["--traces", "{tmp}/emptydir"], "--traces {tmp}/emptydir: no runs.jsonl file there"),
+    "traces_twice": (["--traces", "{canned}/"], "--traces names {canned}/ twice"),  # pooled with itself
     "gpu_missing": (["--gpu-profile", "{tmp}/nope.json"], "--gpu-profile {tmp}/nope.json: cannot read it"),
     "out_is_a_file": (["--out", "{tmp}/afile"], "cannot create the output folder {tmp}/afile"),
 }
@@ -121,11 +122,11 @@ def test_bad_sim_options_are_one_line(canned, tmp_path, capsys, case):
     argv, says = BAD_OPTIONS[case]
     (tmp_path / "emptydir").mkdir()
     (tmp_path / "afile").write_text("x")
-    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    argv = [a.replace("{tmp}", str(tmp_path)).replace("{canned}", str(canned)) for a in argv]
     out = [] if "--out" in argv else ["--out", str(tmp_path / "sim")]
     rc, err = _sim(capsys, "--traces", str(canned), *out, *argv)
     line = _one_line(err)
-    assert rc == 2 and says.replace("{tmp}", str(tmp_path)) in line, line
+    assert rc == 2 and says.replace("{tmp}", str(tmp_path)).replace("{canned}", str(canned)) in line, line
 
 
 @pytest.mark.parametrize("text, says", [
