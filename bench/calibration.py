@@ -142,10 +142,6 @@ class Calibration:
         where untraced)."""
         return min(float(levels), self.reused_by_policy.get(policy or "", {}).get(steps, float(steps)))
 
-    @property
-    def run_starts(self) -> list[int]:
-        return self.replay.starts
-
     def reach(self, p: int) -> int:
         """Levels a prompt-lookup chain offers at replay position ``p`` (0: none)."""
         return self.lookup_reach[p % len(self.lookup_reach)] if self.lookup_reach else 0
@@ -299,7 +295,7 @@ def fit_acceptance(cal: Calibration, rounds: list[dict], seed: int = 0) -> Calib
     simulated round that drafts nothing sends that chain.
 
     The replay is position-aligned: every traced round adds one bit per token it emitted (a round
-    that sent nothing, a drawn one), so index ``run_starts[k] + p`` is position ``p`` of the
+    that sent nothing, a drawn one), so index ``replay.starts[k] + p`` is position ``p`` of the
     ``k``-th traced generation, and a simulated generation that starts at a run start meets the
     prompt's easy and hard stretches where its traced runs met them (oasst's 11-token copy chain
     at position 12 of 24; from a random offset it fell anywhere, or past the end)."""

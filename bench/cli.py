@@ -153,12 +153,17 @@ def _check_run_options(cfg: BenchConfig) -> None:
         load_sets(cfg.prompts_source, cfg.sets)
 
 
+def _repeat(keys: list) -> int | None:
+    """Index of the first key that an earlier one equals, else None."""
+    return next((k for k, key in enumerate(keys) if key in keys[:k]), None)
+
+
 def _once(flag: str, names: list[str]) -> None:
     """OptionError where a list names one thing twice: its generations would share one record key
     (the report and ``rapid sim`` would merge them, rounds and all)."""
-    twice = next((n for k, n in enumerate(names) if n in names[:k]), None)
-    if twice is not None:
-        raise OptionError(f"{flag} names {twice!r} twice: its runs would share their records' key "
+    k = _repeat(names)
+    if k is not None:
+        raise OptionError(f"{flag} names {names[k]!r} twice: its runs would share their records' key "
                           "(--repeats runs more; two bench runs compare orders)")
 
 
@@ -244,10 +249,9 @@ def _check_sim_options(a: argparse.Namespace) -> None:
     _check_sim_lists(a)
     for t in a.traces:  # each a bench output folder (its records are checked as they are read)
         check_traced_folder(t)
-    where = [Path(t).resolve() for t in a.traces]
-    twice = next((t for k, t in enumerate(a.traces) if where[k] in where[:k]), None)
-    if twice is not None:  # pooled with itself, every generation would share its key twice
-        raise OptionError(f"--traces names {twice} twice")
+    k = _repeat([Path(t).resolve() for t in a.traces])
+    if k is not None:  # pooled with itself, every generation would share its key twice
+        raise OptionError(f"--traces names {a.traces[k]} twice")
     if a.gpu_profile is not None:
         load_gpu_profile(a.gpu_profile)
 

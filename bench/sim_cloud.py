@@ -110,11 +110,12 @@ class Cloud:
                 break
         e.res.draft_steps += steps
         t = max(t, now)  # (round 0 drafted ahead: sent once Ready is in)
-        nodes = float(depth) if e.oracle else (e.cal.nodes(depth, e.policy.name) if depth > 0
-                                               else float(e.sent_levels(0)))  # depth 0: the lookup chain
-        levels = None
-        if traced is not None:
+        if traced is not None:  # the replayed round's tree
             nodes, levels = float(traced.nodes), traced.levels
+        else:
+            nodes = float(depth) if e.oracle else (e.cal.nodes(depth, e.policy.name) if depth > 0
+                                                   else float(e.sent_levels(0)))  # depth 0: the lookup chain
+            levels = None
         self.pending[e.idx] = {"depth": depth, "t_send": t, "t_start": now, "nodes": nodes, "levels": levels}
         self.push(t + e.prof.sample_rtt_s(e.rng) / 2, "arrive", e.idx, nodes)
 

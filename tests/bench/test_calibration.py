@@ -87,12 +87,12 @@ def test_a_chain_sent_alone_is_replayed_where_it_was_found_for_every_policy(cal)
     assert fit.reach(2) == 5 and fit.reach(3) == 4
     elsewhere = fit_acceptance(replace(cal), fixed + [dict(r, prompt_id="1") for r in alone])
     assert not any(elsewhere.lookup_reach[:24])  # prompt 0's positions; prompt 1's own run keeps its chain
-    assert elsewhere.run_starts == [0, 24] and elsewhere.lookup_reach[24 + 2] == 5
+    assert elsewhere.replay.starts == [0, 24] and elsewhere.lookup_reach[24 + 2] == 5
 
 
 def test_the_replay_is_position_aligned_and_a_generation_starts_where_a_traced_one_did(cal):
     """Every traced round adds one bit per token it emitted, a round that sent nothing (rapid-cost
-    at depth 0, no chain) a drawn one, so ``run_starts[k] + p`` is position ``p`` of the k-th
+    at depth 0, no chain) a drawn one, so ``replay.starts[k] + p`` is position ``p`` of the k-th
     traced run. Here each run opens with two hard positions (rejected), then a long accepted
     stretch: a simulated generation starts at a run start, so its first round accepts nothing;
     before, the offset was anywhere in the replay and most first rounds landed in the stretch."""
@@ -102,9 +102,9 @@ def test_the_replay_is_position_aligned_and_a_generation_starts_where_a_traced_o
                 _row(2, policy, depth=4, steps=4, tree_depth=4, accepted=4, emitted=5, repeat=k),
                 _row(3, policy, depth=4, steps=4, tree_depth=4, accepted=4, emitted=5, repeat=k)]
     fit = fit_acceptance(replace(cal), [r for k in range(5) for r in run(k)])
-    assert fit.run_starts == [0, 12, 24, 36, 48] and len(fit.match_bits) == 60  # 12 positions a run
-    assert [fit.match_bits[s] for s in fit.run_starts] == [0] * 5
-    assert [fit.match_bits[s + 2:s + 6] for s in fit.run_starts] == [[1, 1, 1, 1]] * 5
+    assert fit.replay.starts == [0, 12, 24, 36, 48] and len(fit.match_bits) == 60  # 12 positions a run
+    assert [fit.match_bits[s] for s in fit.replay.starts] == [0] * 5
+    assert [fit.match_bits[s + 2:s + 6] for s in fit.replay.starts] == [[1, 1, 1, 1]] * 5
     for seed in range(10):  # 5 tokens: position 0 rejected, then 4 levels at most: two rounds
         e = sim.simulate(policies.POLICIES["fixed"], fit, parse_schedule("none"), get_profile("lan"),
                          tokens=5, seed=seed)["edges"][0]

@@ -105,5 +105,5 @@ def test_folders_pooled_keep_their_generations_apart(canned, tmp_path):
     both = one + read_traced_folder(twin)[1]
     assert len(group_runs(both)) == 2 * len(group_runs(one))
     single, pooled = calibrate(one, [], {}), calibrate(both, [], {})
-    assert len(pooled.run_starts) == 2 * len(single.run_starts)
+    assert len(pooled.replay.starts) == 2 * len(single.replay.starts)
     assert pooled.match_bits[:len(single.match_bits)] == single.match_bits
