@@ -71,6 +71,7 @@ def _lib() -> ctypes.CDLL:
     lib.rapid_rowops_attention.argtypes = [c_int, vp, vp, i64, i64, i64, i64, c_float, vp, vp, vp, vp, vp, vp, i64,
                                            vp, vp]
     lib._rapid_path = str(path)
+    lib._rapid_available = tuple(lib.rapid_rowops_available().decode().split(","))  # fixed for the process
     return lib
 
 
@@ -84,12 +85,18 @@ def available() -> bool:
 
 def info() -> RowOpsInfo:
     lib = _lib()
-    return RowOpsInfo(lib._rapid_path, lib.rapid_rowops_isa().decode(),
-                      tuple(lib.rapid_rowops_available().decode().split(",")))
+    return RowOpsInfo(lib._rapid_path, current_isa(), lib._rapid_available)
+
+
+def current_isa() -> str:
+    """The ISA the kernels run now: one read of a constant string, safe from any thread (the
+    kernels check it on every call)."""
+    return _lib().rapid_rowops_isa().decode()
 
 
 def select(isa: str) -> None:
-    """Use ``isa`` from now on (raises where this CPU cannot run it)."""
+    """Use ``isa`` from now on (raises where this CPU cannot run it). Not while a kernel runs in
+    another thread: the dispatch table is one process-wide value (tests switch it between runs)."""
     if _lib().rapid_rowops_select(isa.encode()) != 0:
         raise RowOpsArgumentError(f"ISA {isa!r} is not one this CPU runs ({', '.join(info().available)})")
 
@@ -130,7 +137,7 @@ def pack(w: torch.Tensor) -> PackedWeight:
     size = _lib().rapid_rowops_packed_size(code, n, k)
     out = torch.empty(size, dtype=w.dtype).fill_(0)  # faulted in by one sequential pass first
     _check(_lib().rapid_rowops_pack(code, w.data_ptr(), n, k, out.data_ptr()), "pack")
-    return PackedWeight(out, n, k, code, info().isa)
+    return PackedWeight(out, n, k, code, current_isa())
 
 
 def linear(x: torch.Tensor, w: PackedWeight, b: torch.Tensor | None = None, threads: int = 1) -> torch.Tensor:
@@ -138,8 +145,9 @@ def linear(x: torch.Tensor, w: PackedWeight, b: torch.Tensor | None = None, thre
     m, k = x.shape
     if w.k != k or (b is not None and b.shape != (w.n,)):
         raise RowOpsArgumentError(f"rowops linear: x {tuple(x.shape)}, w {(w.n, w.k)}, b {None if b is None else tuple(b.shape)}")
-    if w.isa != info().isa:
-        raise RowOpsArgumentError(f"rowops linear: weight packed for {w.isa}, the kernels now run {info().isa}")
+    isa = current_isa()
+    if w.isa != isa:
+        raise RowOpsArgumentError(f"rowops linear: weight packed for {w.isa}, the kernels now run {isa}")
     y = torch.empty((m, w.n), dtype=torch.float32)
     _check(_lib().rapid_rowops_linear(w.code, _f32(x, "x"), m, k, w.data.data_ptr(), w.n,
                                       None if b is None else _f32(b, "b"), y.data_ptr(), threads), "linear")

@@ -110,7 +110,7 @@ def _source(model: Decoder) -> tuple:
 
 def row_weights(model: Decoder) -> RowWeights:
     """The packed weights of ``model`` for the current ISA (packed once, kept on the model)."""
-    isa = rowops.info().isa
+    isa = rowops.current_isa()
     cached = getattr(model, "_rapid_row_weights", None)
     if getattr(model, "_rapid_rows_only", False):
         if cached.isa != isa:

@@ -69,19 +69,27 @@ RowOpsTable pick() {
 }
 
 RowOpsTable g_ops = pick();
-std::string g_available;
+
+// Built once (a function-local static: initialised once, thread-safe) and never written again.
+// It was rebuilt on every call into one global string, so two threads asking at once (the
+// draft's projections on two engines) read it while the other cleared it: garbage bytes, a
+// UnicodeDecodeError in the caller, a heap race.
+const std::string& available_isas() {
+    static const std::string list = [] {
+        std::string s;
+        for (const char* isa : ISAS)
+            if (runs(isa)) s += (s.empty() ? "" : ",") + std::string(isa);
+        return s;
+    }();
+    return list;
+}
 
 }  // namespace
 
 API int rapid_rowops_abi_version(void) { return RAPID_ROWOPS_ABI_VERSION; }
 API const char* rapid_rowops_isa(void) { return g_ops.name; }
 
-API const char* rapid_rowops_available(void) {
-    g_available.clear();
-    for (const char* isa : ISAS)
-        if (runs(isa)) g_available += (g_available.empty() ? "" : ",") + std::string(isa);
-    return g_available.c_str();
-}
+API const char* rapid_rowops_available(void) { return available_isas().c_str(); }
 
 API int rapid_rowops_select(const char* isa) {
     if (!isa || !runs(isa)) return -1;

@@ -21,8 +21,8 @@ extern "C" {
 
 int rapid_rowops_abi_version(void);
 const char* rapid_rowops_isa(void);        /* the ISA in use: "avx512bf16", "avx512", "avx2" or "generic" */
-const char* rapid_rowops_available(void);  /* those this CPU runs, comma separated */
-int rapid_rowops_select(const char* isa);  /* 0, or -1 when this CPU cannot run it */
+const char* rapid_rowops_available(void);  /* those this CPU runs, comma separated (built once, never changes) */
+int rapid_rowops_select(const char* isa);  /* 0, or -1 when this CPU cannot run it; not while a kernel runs */
 
 /* Weights [N, K] in the ISA's packed layout (rowops_impl.h): elements of `out`, and the packing. */
 int64_t rapid_rowops_packed_size(int wdtype, int64_t N, int64_t K);

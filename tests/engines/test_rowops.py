@@ -6,6 +6,7 @@ each kernel computes what its formula says (against torch in float64, to a toler
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 import torch
@@ -148,3 +149,35 @@ def test_bad_arguments_are_one_line_errors():
         rowops.linear(torch.randn(2, 8), rowops.pack(torch.randn(4, 16)))
     with pytest.raises(RowOpsArgumentError, match="not one this CPU runs"):
         rowops.select("sve2")
+
+
+def test_the_library_answers_from_many_threads_at_once():
+    """Two engines' drafting threads call the kernels together. ``rapid_rowops_available`` once
+    rebuilt one global string on every call (and ``linear`` asked for it on every call), so a
+    thread read it while another cleared it: garbage, a UnicodeDecodeError in a request (CI, the
+    daemon's concurrent-requests test). Its pointer and text must stay fixed; and ``linear`` from
+    many threads gives each thread the bitwise answer of one thread alone."""
+    lib = rowops._lib()
+    first = lib.rapid_rowops_available()
+    g = torch.Generator().manual_seed(3)
+    w = rowops.pack(torch.randn(48, 32, generator=g))
+    x = torch.randn(5, 32, generator=g)
+    want = rowops.linear(x, w)
+    bad: list[object] = []
+
+    def hammer() -> None:
+        for i in range(4000):
+            got = lib.rapid_rowops_available()
+            if got != first:
+                bad.append(got)
+                return
+            if i % 50 == 0 and not torch.equal(rowops.linear(x, w), want):
+                bad.append("linear")
+                return
+
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert bad == [] and rowops.info().available == tuple(first.decode().split(","))
