@@ -111,12 +111,16 @@ def ablation(rows: list[dict], schedule_kind: str = "sustained",
 
 
 def fastest_checks(rows: list[dict], default: str, kinds: tuple[str, ...] = ("sustained", "burst"),
-                   slack: float = 0.03) -> list[dict]:
+                   slack: float = 0.03, by: RepeatTable | None = None) -> list[dict]:
     """Per profile, schedule kind in ``kinds`` and set: the fastest drafting policy measured and
     ``default``'s tok/s over it (cells without ``default`` are left out):
 
         fastest  ⇔  ratio = tok_s(default) / max_p tok_s(p) = 1        near  ⇔  ratio >= 1 − slack
-    """
+
+    With ``by`` (per-repeat tok/s, ``repeat_tok_s``), the paired ratios of ``default`` to its
+    rival (the fastest other policy: the runner-up where ``default`` is fastest) per repeat, and
+    ``decided``: every repeat on one side of 1 (None without repeats), so a verdict is not the
+    noise's (``rapid.bench.paired_runs``)."""
     out = []
     for (prof, kind, st), pols in sorted(_tok_s_by_cell(rows).items()):
         drafting = {p: v for p, v in pols.items() if p != "ar"}
@@ -124,21 +128,44 @@ def fastest_checks(rows: list[dict], default: str, kinds: tuple[str, ...] = ("su
             continue
         best = max(drafting, key=lambda p: (drafting[p], p == default))
         ratio = drafting[default] / drafting[best] if drafting[best] > 0 else 0.0
+        others = [p for p in drafting if p != default]
+        rival = max(others, key=lambda p: drafting[p]) if others else None
+        paired = _paired(by or {}, (prof, kind, st), default, rival)
         out.append({"profile": prof, "schedule": kind, "set": st, "fastest": best, "ratio": ratio,
-                    "is_fastest": best == default, "near": ratio >= 1.0 - slack})
+                    "is_fastest": best == default, "near": ratio >= 1.0 - slack, "rival": rival,
+                    "paired": paired, "decided": (not undecided(paired, 1.0)) if paired else None})
     return out
 
 
-def _regime_lines(rows: list[dict], default: str, slack: float = 0.03) -> list[str]:
-    """Markdown: is ``default`` the fastest policy under load (empty when no cell has it)."""
-    fast = fastest_checks(rows, default, slack=slack)
+def _paired(by: RepeatTable, cell: tuple[str, str, str], policy: str, rival: str | None) -> dict[int, float]:
+    """{repeat: tok/s of ``policy`` / tok/s of ``rival``} in one cell, over the repeats both ran."""
+    if rival is None:
+        return {}
+    mine, theirs = by.get((*cell, policy), {}), by.get((*cell, rival), {})
+    return {k: v / theirs[k] for k, v in sorted(mine.items()) if theirs.get(k, 0) > 0}
+
+
+def _regime_lines(rows: list[dict], default: str, by: RepeatTable | None = None, slack: float = 0.03) -> list[str]:
+    """Markdown: is ``default`` the fastest policy under load (empty when no cell has it); with
+    ``by``, which cells the paired repeats decide."""
+    fast = fastest_checks(rows, default, slack=slack, by=by)
     if not fast:
         return []
     n, best, near = len(fast), sum(c["is_fastest"] for c in fast), sum(c["near"] for c in fast)
     L = ["", f"## The default policy (`{default}`) against the fastest measured policy, under load", "",
-         f"fastest in {best} of {n} cells, within {slack:.0%} in {near} of {n}", ""]
-    return L + md_table(["profile", "schedule", "set", "fastest", "default / fastest"],
-                        ([c["profile"], c["schedule"], c["set"], c["fastest"], f"{c['ratio']:.2f}"] for c in fast))
+         f"fastest in {best} of {n} cells, within {slack:.0%} in {near} of {n}"]
+    head = ["profile", "schedule", "set", "fastest", "default / fastest"]
+    table = [[c["profile"], c["schedule"], c["set"], c["fastest"], f"{c['ratio']:.2f}"] for c in fast]
+    if any(c["decided"] is not None for c in fast):
+        decided = [c for c in fast if c["decided"]]
+        L[-1] += (f"; the paired repeats decide {len(decided)} of {n} cells (the default ahead of its rival "
+                  f"in every repeat in {sum(c['is_fastest'] for c in decided)}, behind in every repeat in "
+                  f"{sum(not c['is_fastest'] for c in decided)}); in the rest the repeats disagree")
+        head += ["rival", "default / rival per repeat", "decided"]
+        for row, c in zip(table, fast, strict=True):
+            row += [c["rival"] or "-", spread_text(c["paired"]),
+                    "-" if c["decided"] is None else "yes" if c["decided"] else "no (repeats disagree)"]
+    return L + [""] + md_table(head, table)
 
 
 def _count_lines(checks: list[dict], by: RepeatTable) -> list[str]:
@@ -197,4 +224,4 @@ def target_lines(rows: list[dict], default: str, runs: list[dict] | None = None)
     checks = count_checks(rows, count_targets(default))
     by = repeat_tok_s(runs or [])
     L = _count_lines(checks, by) if checks else []
-    return L + _ablation_lines(rows, by) + _regime_lines(rows, default)
+    return L + _ablation_lines(rows, by) + _regime_lines(rows, default, by)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rapid.bench.paired_runs import repeat_tok_s
 from rapid.bench.policy_targets import (
     COUNT_TARGETS,
     CountTarget,
@@ -94,3 +95,25 @@ def test_issue_21s_median_target_is_the_defaults_3x_over_the_sets():
     (row,) = median_target_check(rat)
     assert (row["ratio"], row["goal"], row["met"]) == ("rapid-cost/ar", 3.0, False)
     assert row["value"] == pytest.approx(2.74) and row["short_by"] == pytest.approx(0.26 / 3.0)
+
+
+def test_the_paired_repeats_say_which_default_verdicts_the_noise_made():
+    """The default against its rival repeat by repeat: a cell is decided only where every repeat
+    puts the default on the same side (the Zen 3's burst cells had one repeat 40 % off the others)."""
+    per_repeat = {("sustained", "c4"): {"rapid-cost": (2.0, 2.6, 2.1), "rapid": (2.2, 2.2, 2.2)},
+                  ("sustained", "oasst"): {"rapid-cost": (3.0, 3.1, 3.2), "rapid": (2.9, 2.8, 3.0)},
+                  ("burst:4:4", "c4"): {"rapid-cost": (1.8, 1.9, 2.0), "rapid": (2.0, 2.1, 2.2)}}
+    runs = [{"profile": "wan", "schedule": sched, "set": s, "policy": p, "repeat": k, "tokens": 24, "wall_s": 24 / v}
+            for (sched, s), pols in per_repeat.items() for p, vals in pols.items() for k, v in enumerate(vals)]
+    rows = _rows({(sched, s, p): sorted(vals)[1] for (sched, s), pols in per_repeat.items() for p, vals in pols.items()})
+    got = {(c["schedule"], c["set"]): c for c in fastest_checks(rows, "rapid-cost", by=repeat_tok_s(runs))}
+    c4, oasst, burst = got[("sustained", "c4")], got[("sustained", "oasst")], got[("burst", "c4")]
+    assert c4["rival"] == "rapid" and c4["paired"] == pytest.approx({0: 2.0 / 2.2, 1: 2.6 / 2.2, 2: 2.1 / 2.2})
+    assert (c4["is_fastest"], c4["decided"]) == (False, False)  # behind by the medians, ahead in one repeat
+    assert (oasst["is_fastest"], oasst["decided"]) == (True, True)
+    assert (burst["is_fastest"], burst["decided"]) == (False, True)
+    text = "\n".join(target_lines(rows, "rapid-cost", runs))
+    assert "the paired repeats decide 2 of 3 cells (the default ahead of its rival in every repeat in 1, " \
+           "behind in every repeat in 1)" in text
+    assert "| wan | sustained | c4 | rapid | 0.95 | rapid | 0.91–1.18 | no (repeats disagree) |" in text
+    assert fastest_checks(rows, "rapid-cost")[0]["decided"] is None  # no repeats: nothing said
