@@ -7,8 +7,9 @@ from __future__ import annotations
 import random
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
+from rapid.bench.beside_fit import BesideFit, fit_beside
 from rapid.bench.colocation import fit_colocation, verify_alone
 from rapid.bench.edgellm_fit import fit_branch_steps, fit_chain_step, fit_confidence_cut
 from rapid.bench.gpu_profile import load_gpu_profile
@@ -83,6 +84,7 @@ class Calibration:
     # than planned; a kept chain branch adds one node per level)
     nodes_by_policy: dict[str, dict[int, float]] = field(default_factory=dict)
     budget: int = 8
+    beside: BesideFit = field(default_factory=BesideFit)  # steps beside the verify (rapid.bench.beside_fit)
     min_p: float = 0.0  # the traced --min-p: a tree keeps no lookup node whose path probability is below it
     source: str = ""
 
@@ -98,6 +100,7 @@ class Calibration:
     def cloud_elsewhere(self) -> None:
         """The cloud on its own machine (a GPU profile, a preset): no co-location tax."""
         self.verify_by_schedule, self.load_tax, self.step_tax = {}, 0.0, 0.0
+        self.beside.tax = 1.0  # a step beside the verify shares no memory with it (its tokens stay)
 
     @property
     def step_tokens(self) -> int:
@@ -155,6 +158,7 @@ class Calibration:
         d["match_bits"] = len(self.match_bits)
         d["nodes_by_depth"] = {str(k): v for k, v in self.nodes_by_depth.items()}
         d["nodes_by_policy"] = {p: {str(k): v for k, v in t.items()} for p, t in self.nodes_by_policy.items()}
+        d["beside"] = asdict(self.beside)
         return d
 
 
@@ -177,6 +181,8 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
                       idle_slowdown_by_schedule=steps.idle_slowdown_by_schedule, depth=int(cfg.get("depth", 4)),
                       budget=_traced_budget(cfg), tokens_per_step=float(cfg.get("width", 2)),
                       min_p=float(cfg.get("min_p") or 0.0))
+    cal.chain_step = fit_chain_step(rounds)
+    cal.beside = fit_beside(rounds, cal.step_s, cal.step_scale)  # after chain_step: step_scale reads it
     fit_cloud(cal, rounds, profiles, meta.get("schedules", {}))
     if gpu_profile:  # a cloud on its own machine: no co-location tax
         cal.gpu_profile = load_gpu_profile(gpu_profile)
@@ -194,7 +200,6 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
     cal.draft_ahead = any("ahead_s" in r for r in rounds)
     cal.warm_controller = str(meta.get("controller", "")).startswith("carried")
     cal.cut_continue = fit_confidence_cut(rounds)
-    cal.chain_step = fit_chain_step(rounds)
     cal.branch_steps_by_policy = fit_branch_steps(rounds)
     cal.reused_by_policy = _per_policy(((r, r.get("proactive_steps", 0), r.get("reused_depth", 0)) for r in rounds
                                         if r.get("proactive_hit") and r.get("proactive_steps")), statistics.fmean)

@@ -11,6 +11,8 @@ Model (one edge; N edges share one cloud in the scale study):
   the load, and + ``step_tax`` seconds per second of its own branch or catch-up step beside an
   unloaded verify (the verdict lands that much later); many edges model a cloud elsewhere;
 - a step out of a burst's load runs at the slowdown traced there (``rapid.bench.step_fit``);
+- a branch or catch-up step, beside the verify, feeds the tokens traced for that kind and runs
+  at the traced beside tax (1.0 for a cloud elsewhere; ``rapid.bench.beside_fit``);
 - acceptance replayed from the traces as a per-position match string (a round that accepted a
   of the L levels it sent gives a ones and, if a < L, a zero; a fully accepted round's next bit
   is drawn with the traced per-token acceptance), a generation starting where one of its

@@ -62,18 +62,19 @@ def run_branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int |
     if landed is not None and landed >= waves:  # a leaf's outcome: no root of its wave was chosen
         landed, hit = None, False
     t, steps, stopped = t_send, 0, None
-    # a tree step feeds tokens_per_step tokens, a chain step one: time = tau · scale(tokens)
-    per_step = 1 if pol.chain_branch or e.oracle else e.cal.step_tokens
+    # a chain step feeds one token, a tree step as many as traced (the first feeds leaves and
+    # roots), else tokens_per_step: time = tau · scale(tokens) · the beside tax (rapid.bench.beside_fit)
+    per_step = 1 if pol.chain_branch or e.oracle else e.cal.beside.branch_tokens.get(pol.name, e.cal.step_tokens)
     while steps < want:
         if pol.interruptible and t >= t_arr + window.grown:
             break
         if gated and not e.gate.start(t - t_send, min(steps, waves - 1)):
             break
-        d = e.step_time(t) * e.cal.step_scale(per_step)
+        d = e.step_time(t) * e.cal.step_scale(per_step) * e.cal.beside.tax
         window.beside(t, t + d)
         t += d
         steps += 1
-        e.ctrl.observe_step(d, per_step, beside=True)
+        e.ctrl.observe_step(d, max(1, round(per_step)), beside=True)
         e.gate.observe_step(d)
         if pol.interruptible and t >= t_arr + window.grown:
             stopped = steps
@@ -98,12 +99,14 @@ def run_branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int |
 
 def run_catch_up(e, t_send: float, t_arr: float, window: VerifyWindow) -> float:
     """A proactive policy's round that drafted nothing, after another such round (two tokens
-    pending): one one-token step from ``t_send`` if the runtime's ``BranchGate.fits`` says it ends
+    pending): one step (of the traced catch-up tokens, else one) from ``t_send`` at the beside tax
+    if the runtime's ``BranchGate.fits`` says it ends
     before the verdict, measured by the controller (``Coordinator._catch_up``), beside the verify
     (``window``). Returns when the edge is free for the next round."""
     if not e.gate.fits(0.0):
         return t_arr
-    d = e.step_time(t_send) * e.cal.step_scale(1)
+    tokens = e.cal.beside.catch_up_tokens or 1.0  # (traced, else one)
+    d = e.step_time(t_send) * e.cal.step_scale(tokens) * e.cal.beside.tax
     window.beside(t_send, t_send + d)
-    e.ctrl.observe_step(d, 1, beside=True)
+    e.ctrl.observe_step(d, max(1, round(tokens)), beside=True)
     return max(t_arr + window.grown, t_send + d)

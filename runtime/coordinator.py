@@ -95,12 +95,16 @@ class Coordinator:
         self.gate = self.controller.gate
         self._waves = WAVES  # root waves of the current branch: 1 where a second step would end late
         self._halt = threading.Event()  # set when a generation ends: workers stop at the next step
+        self._beside = [0.0, 0]  # this round's steps beside the verify (branch, catch-up): seconds, tokens
         self._workers: set[asyncio.Future] = set()
 
     def _after_step(self, rec, phase: str, k: int) -> None:
         if self._halt.is_set():
             raise _Halted
         self.controller.observe_step(rec.seconds, rec.tokens, beside=phase != "draft")  # (runtime.step_cost)
+        if phase != "draft":
+            self._beside[0] += rec.seconds
+            self._beside[1] += rec.tokens
         if self.cfg.step_delay_s:
             time.sleep(self.cfg.step_delay_s)
         if self.step_hook:
@@ -317,6 +321,7 @@ class Coordinator:
         t_sent = self.clock()
         await self.link.send_tree(round_id, tokens, parents)
         branch_task = catch_task = None
+        self._beside = [0.0, 0]
         if p.proactive and p.drafting and d.levels > 0:  # (a tree that drafted nothing has no fed node)
             boundary = d.save_boundary()
             branch_task = self._spawn(self._branch, self.controller.next_depth(True).depth,
@@ -338,6 +343,7 @@ class Coordinator:
             if not rec.proactive_hit:
                 rec.discarded_steps = rec.proactive_steps
                 d.restore_boundary(boundary)
+        rec.beside_s, rec.beside_tokens = self._beside  # the worker has returned (awaited above)
         self.gate.observe_cloud(rec.cloud_s)  # after the branch: its worker reads the gate
         rec.wait_s = self.clock() - t_sent
         rec.verify_s = verdict.verify_s

@@ -33,6 +33,8 @@ class RoundRecord:
     reused_depth: int = 0  # levels of the next tree that the kept branch supplied
     discarded_steps: int = 0  # proactive steps thrown away on a miss
     catch_up_s: float = 0.0  # a round that drafted nothing: the step feeding the pending tokens in the wait
+    beside_s: float = 0.0  # the steps that ran beside the verify (the branch's, or the catch-up): seconds
+    beside_tokens: int = 0  # ...and the tokens they fed
     draft_s: float = 0.0
     ahead_s: float = 0.0  # round 0: of draft_s, the part drafted before the cloud's Ready (off the round's path)
     prefill_s: float = 0.0  # round 0: the draft's prompt prefill, before its steps, while the cloud prefilled

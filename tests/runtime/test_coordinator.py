@@ -212,6 +212,7 @@ def test_a_round_that_drafts_nothing_feeds_its_pending_tokens_and_sees_a_load_li
             # an undrafted round after another has two tokens pending (a round that drafts feeds them)
             again = [r for prev, r in itertools.pairwise(gen.records) if prev.depth == 0 and r.depth == 0]
             assert again and all(r.catch_up_s > 0 for r in again), [(r.depth, r.catch_up_s) for r in gen.records]
+            assert all(r.beside_s == r.catch_up_s and r.beside_tokens >= 1 for r in again)
             assert len(drafter.pending) <= 2 or gen.records[-1].depth > 0
             first_drafted.append(next((r.round for r in gen.records if r.depth > 0), len(gen.records)))
         assert first_drafted[1] <= 5, first_drafted
@@ -284,5 +285,8 @@ def test_branch_steps_are_measured_as_steps_beside_the_verify(tiny_pair):
         assert beside == sum(r.proactive_steps for r in gen.records) > 0
         assert alone == sum(r.draft_steps for r in gen.records) > 0
         assert alone + beside == phys.steps
+        # the trace carries each round's steps beside its verify (the sim's beside fit reads them)
+        for r in gen.records:
+            assert (r.beside_s > 0) == (r.proactive_steps > 0) and r.beside_tokens >= r.proactive_steps, r
     finally:
         server.close()
