@@ -100,7 +100,7 @@ class Calibration:
     def cloud_elsewhere(self) -> None:
         """The cloud on its own machine (a GPU profile, a preset): no co-location tax."""
         self.verify_by_schedule, self.load_tax, self.step_tax = {}, 0.0, 0.0
-        self.beside.tax = 1.0  # a step beside the verify shares no memory with it (its tokens stay)
+        self.beside.colocated = False  # a step beside the verify shares no memory with it (its tokens stay)
 
     @property
     def step_tokens(self) -> int:
@@ -182,7 +182,7 @@ def calibrate(rounds: list[dict], runs: list[dict], meta: dict, gpu_profile: str
                       budget=_traced_budget(cfg), tokens_per_step=float(cfg.get("width", 2)),
                       min_p=float(cfg.get("min_p") or 0.0))
     cal.chain_step = fit_chain_step(rounds)
-    cal.beside = fit_beside(rounds, cal.step_s, cal.step_scale)  # after chain_step: step_scale reads it
+    cal.beside = fit_beside(rounds, cal.step_s)
     fit_cloud(cal, rounds, profiles, meta.get("schedules", {}))
     if gpu_profile:  # a cloud on its own machine: no co-location tax
         cal.gpu_profile = load_gpu_profile(gpu_profile)

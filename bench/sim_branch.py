@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from rapid.bench.beside_fit import CATCH_UP
 from rapid.bench.colocation import overlap_as_it_grows
 from rapid.runtime.branch_gate import WAVES
 
@@ -62,19 +63,21 @@ def run_branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int |
     if landed is not None and landed >= waves:  # a leaf's outcome: no root of its wave was chosen
         landed, hit = None, False
     t, steps, stopped = t_send, 0, None
-    # a chain step feeds one token, a tree step as many as traced (the first feeds leaves and
-    # roots), else tokens_per_step: time = tau · scale(tokens) · the beside tax (rapid.bench.beside_fit)
-    per_step = 1 if pol.chain_branch or e.oracle else e.cal.beside.branch_tokens.get(pol.name, e.cal.step_tokens)
+    # a chain step feeds one token: tau · scale(1); a tree step as traced beside the verify, else
+    # tokens_per_step (rapid.bench.beside_fit)
+    chain = pol.chain_branch or e.oracle
+    per_step = 1 if chain else e.cal.beside.step_tokens(pol.name, e.cal.step_tokens)
+    scale = e.cal.step_scale(1) if chain else e.cal.beside.scale(pol.name, e.cal.step_scale, e.cal.step_tokens)
     while steps < want:
         if pol.interruptible and t >= t_arr + window.grown:
             break
         if gated and not e.gate.start(t - t_send, min(steps, waves - 1)):
             break
-        d = e.step_time(t) * e.cal.step_scale(per_step) * e.cal.beside.tax
+        d = e.step_time(t) * scale
         window.beside(t, t + d)
         t += d
         steps += 1
-        e.ctrl.observe_step(d, max(1, round(per_step)), beside=True)
+        e.ctrl.observe_step(d, per_step, beside=True)
         e.gate.observe_step(d)
         if pol.interruptible and t >= t_arr + window.grown:
             stopped = steps
@@ -99,14 +102,12 @@ def run_branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int |
 
 def run_catch_up(e, t_send: float, t_arr: float, window: VerifyWindow) -> float:
     """A proactive policy's round that drafted nothing, after another such round (two tokens
-    pending): one step (of the traced catch-up tokens, else one) from ``t_send`` at the beside tax
-    if the runtime's ``BranchGate.fits`` says it ends
-    before the verdict, measured by the controller (``Coordinator._catch_up``), beside the verify
-    (``window``). Returns when the edge is free for the next round."""
+    pending): one step (as traced beside the verify, else of one token) from ``t_send`` if the
+    runtime's ``BranchGate.fits`` says it ends before the verdict, measured by the controller
+    (``Coordinator._catch_up``), beside the verify (``window``). Returns when the edge is free for the next round."""
     if not e.gate.fits(0.0):
         return t_arr
-    tokens = e.cal.beside.catch_up_tokens or 1.0  # (traced, else one)
-    d = e.step_time(t_send) * e.cal.step_scale(tokens) * e.cal.beside.tax
+    d = e.step_time(t_send) * e.cal.beside.scale(CATCH_UP, e.cal.step_scale, 1)
     window.beside(t_send, t_send + d)
-    e.ctrl.observe_step(d, max(1, round(tokens)), beside=True)
+    e.ctrl.observe_step(d, e.cal.beside.step_tokens(CATCH_UP, 1), beside=True)
     return max(t_arr + window.grown, t_send + d)

@@ -1,10 +1,10 @@
-"""rapid.bench.beside_fit: the steps beside the verify, against drafting steps of as many tokens."""
+"""rapid.bench.beside_fit: the steps beside the verify, against the drafting steps."""
 
 from __future__ import annotations
 
 import pytest
 
-from rapid.bench.beside_fit import BesideFit, fit_beside
+from rapid.bench.beside_fit import CATCH_UP, BesideFit, fit_beside
 from rapid.bench.calibration import calibrate
 
 
@@ -18,31 +18,33 @@ def _catch_up(tokens: int, seconds: float) -> dict:
             "beside_tokens": tokens, "load": 0.0}
 
 
-def test_the_tax_divides_out_the_tokens_each_beside_step_fed():
-    """Steps linear in tokens (0.1 s per 2 tokens): a 2-step branch feeding 8 tokens would take
-    0.4 s alone; traced at 0.52 s it is a 1.3x tax. Loaded rounds and round 0 are no sample."""
-    scale = lambda t: t / 2  # noqa: E731 — Calibration.step_scale of a linear CPU at width 2
-    rounds = [_branch("rapid", 2, 8, 0.52) for _ in range(8)] + [_catch_up(3, 0.195) for _ in range(4)]
-    rounds += [_branch("rapid", 2, 8, 2.0, load=1.0), _branch("rapid", 2, 8, 2.0, rnd=0)]
-    fit = fit_beside(rounds, [0.1, 0.1, 0.1], scale)
-    assert fit.tax == pytest.approx(1.3)
-    assert fit.branch_tokens == {"rapid": 4.0} and fit.catch_up_tokens == 3.0
+def test_a_beside_step_costs_what_the_traces_say_at_their_size():
+    """Drafting steps of 0.1 s; rapid's 2-step branches of 0.24 s feeding 3 tokens: a branch step is
+    1.2 drafting steps, whatever a cost-by-tokens curve says of 1.5 tokens. Loaded rounds and round
+    0 are no timing sample (their tokens count); a kind needs MIN_SAMPLES rounds for a ratio."""
+    linear = lambda t: t / 2  # noqa: E731 — a linear cost-by-tokens curve at width 2
+    rounds = [_branch("rapid", 2, 3, 0.24) for _ in range(10)] + [_catch_up(3, 0.13) for _ in range(10)]
+    rounds += [_branch("rapid", 2, 3, 2.0, load=1.0), _branch("rapid", 2, 3, 2.0, rnd=0)]
+    rounds += [_branch("ipdg", 1, 4, 0.5) for _ in range(3)]
+    fit = fit_beside(rounds, [0.1, 0.1, 0.1])
+    assert fit.ratio == pytest.approx({"rapid": 1.2, CATCH_UP: 1.3})
+    assert fit.tokens == pytest.approx({"rapid": 1.5, CATCH_UP: 3.0, "ipdg": 4.0})
+    assert fit.scale("rapid", linear, 2) == pytest.approx(1.2)  # not linear(1.5) = 0.75
+    assert fit.scale("ipdg", linear, 2) == pytest.approx(2.0) and fit.step_tokens("ipdg", 2) == 4  # too few: its size
+    assert fit.scale("fixed", linear, 2) == 1.0 and fit.step_tokens("fixed", 2) == 2  # untraced: a drafting step
 
 
-def test_traces_without_the_fields_or_too_few_samples_are_neutral():
+def test_traces_without_the_fields_fit_nothing():
     old = [{"policy": "rapid", "round": 1, "proactive_steps": 2, "load": 0.0} for _ in range(20)]
-    assert fit_beside(old, [0.1], lambda t: t) == BesideFit()
-    few = [_branch("ipdg", 1, 2, 0.3) for _ in range(3)]
-    fit = fit_beside(few, [0.1], lambda t: t / 2)
-    assert fit.tax == 1.0 and fit.branch_tokens == {"ipdg": 2.0}  # too few for a tax, the tokens are traced
+    assert fit_beside(old, [0.1]) == BesideFit()
 
 
-def test_a_cloud_elsewhere_drops_the_tax_and_keeps_the_tokens():
+def test_a_cloud_elsewhere_drops_the_ratio_and_keeps_the_tokens():
     rounds = [dict(_branch("rapid", 1, 4, 0.26), set="c4", schedule="none", profile="wan", prompt_id="0",
                    repeat=0, depth=2, draft_steps=2, draft_s=0.2, tree_nodes=4, accepted=1, emitted=2)
               for _ in range(12)]
     cal = calibrate(rounds, [], {"config": {"width": 2}})
-    assert cal.beside.tax == pytest.approx(1.3) and cal.beside.branch_tokens == {"rapid": 4.0}
+    assert cal.beside.scale("rapid", cal.step_scale, 2) == pytest.approx(2.6)
     cal.cloud_elsewhere()
-    assert cal.beside.tax == 1.0 and cal.beside.branch_tokens == {"rapid": 4.0}
-    assert cal.to_json()["beside"]["tax"] == 1.0
+    assert cal.beside.scale("rapid", cal.step_scale, 2) == pytest.approx(cal.step_scale(4))
+    assert cal.to_json()["beside"]["colocated"] is False
