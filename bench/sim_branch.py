@@ -104,7 +104,8 @@ def run_catch_up(e, t_send: float, t_arr: float, window: VerifyWindow) -> float:
     """A proactive policy's round that drafted nothing, after another such round (two tokens
     pending): one step (as traced beside the verify, else of one token) from ``t_send`` if the
     runtime's ``BranchGate.fits`` says it ends before the verdict, measured by the controller
-    (``Coordinator._catch_up``), beside the verify (``window``). Returns when the edge is free for the next round."""
+    (``Coordinator._catch_up``), beside the verify (``window``). Returns when the edge is free
+    for the next round."""
     if not e.gate.fits(0.0):
         return t_arr
     d = e.step_time(t_send) * e.cal.beside.scale(CATCH_UP, e.cal.step_scale, 1)
