@@ -130,19 +130,11 @@ def fastest_checks(rows: list[dict], default: str, kinds: tuple[str, ...] = ("su
         ratio = drafting[default] / drafting[best] if drafting[best] > 0 else 0.0
         others = [p for p in drafting if p != default]
         rival = max(others, key=lambda p: drafting[p]) if others else None
-        paired = _paired(by or {}, (prof, kind, st), default, rival)
+        paired = paired_ratios(by or {}, default, rival, kind).get((prof, st), {}) if rival else {}
         out.append({"profile": prof, "schedule": kind, "set": st, "fastest": best, "ratio": ratio,
                     "is_fastest": best == default, "near": ratio >= 1.0 - slack, "rival": rival,
                     "paired": paired, "decided": (not undecided(paired, 1.0)) if paired else None})
     return out
-
-
-def _paired(by: RepeatTable, cell: tuple[str, str, str], policy: str, rival: str | None) -> dict[int, float]:
-    """{repeat: tok/s of ``policy`` / tok/s of ``rival``} in one cell, over the repeats both ran."""
-    if rival is None:
-        return {}
-    mine, theirs = by.get((*cell, policy), {}), by.get((*cell, rival), {})
-    return {k: v / theirs[k] for k, v in sorted(mine.items()) if theirs.get(k, 0) > 0}
 
 
 def _regime_lines(rows: list[dict], default: str, by: RepeatTable | None = None, slack: float = 0.03) -> list[str]:
