@@ -43,7 +43,6 @@ from typing import Any
 
 from rapid.core.sampling import SamplingParams
 from rapid.core.wire import Hello
-from rapid.engines.base import DraftEngine
 from rapid.runtime.branch_gate import WAVES
 from rapid.runtime.budget import settle_cloud, settle_draft
 from rapid.runtime.controllers import CoordinatorConfig, controller_for
@@ -52,10 +51,9 @@ from rapid.runtime.depth_control import CAACDecision, DepthController, observed_
 from rapid.runtime.drafter import Drafter
 from rapid.runtime.emitted import Emitted
 from rapid.runtime.link import CloudLink
-from rapid.runtime.policies import Policy, get_policy
+from rapid.runtime.policies import Policy
 from rapid.runtime.telemetry import RoundRecord, Summary, summarize
 from rapid.runtime.token_scores import TokenScore
-from rapid.runtime.tree import TreeParams
 from rapid.runtime.tree_cut import TreeCut
 
 
@@ -389,22 +387,6 @@ class SentTree:
     """What the send cut learns from a sent tree: per node (index on the wire)."""
     scores: list[float] = field(default_factory=list)  # [nodes] cumulative draft log-probability
     lookup: list[bool] = field(default_factory=list)  # [nodes] on a prompt-lookup chain
-
-
-def assemble(engine: DraftEngine, tree: TreeParams, stop_ids: Sequence[int], link: CloudLink | str,
-             policy: Policy | str, config: CoordinatorConfig | None = None,
-             controller: DepthController | None = None, **options: Any) -> Coordinator:
-    """The edge's one assembly: a Drafter over ``engine``, a CloudLink (a URL makes a plain one; build
-    it yourself for a token, TLS or retry options) and the Coordinator that drives them.
-
-    ``config`` defaults to ``CoordinatorConfig(depth=tree.depth)``; ``options`` (clock, step_hook,
-    executor) go to the Coordinator.
-    """
-    drafter = Drafter(engine, tree, stop_ids)
-    cloud = CloudLink(link) if isinstance(link, str) else link
-    pol = get_policy(policy) if isinstance(policy, str) else policy
-    return Coordinator(drafter, cloud, pol, config or CoordinatorConfig(depth=tree.depth), controller=controller,
-                       **options)
 
 
 def _fill_decision(rec: RoundRecord, dec: CAACDecision) -> None:

@@ -24,7 +24,8 @@ from typing import Any, TextIO
 
 from rapid.core.errors import SessionClosedError
 from rapid.core.sampling import SamplingParams
-from rapid.runtime.coordinator import CoordinatorConfig, Generation, assemble, controller_for
+from rapid.runtime.assembly import assemble
+from rapid.runtime.coordinator import CoordinatorConfig, Generation, controller_for
 from rapid.runtime.depth_control import DepthController
 from rapid.runtime.detok import Detokenizer
 from rapid.runtime.edge_config import DEFAULT

@@ -93,7 +93,8 @@ def main() -> int:
 
     # 4. exactness with the target on the GPU
     from rapid.core.sampling import SamplingParams
-    from rapid.runtime.coordinator import CoordinatorConfig, assemble
+    from rapid.runtime.assembly import assemble
+    from rapid.runtime.coordinator import CoordinatorConfig
     from rapid.runtime.policies import POLICIES
     from rapid.server.app import VerifierServer
     from rapid.server.background import BackgroundServer
@@ -129,7 +130,8 @@ def batched_on_gpu(tgt_gpu, tgt_cpu, drf_dir: str) -> bool:
     from rapid.core.sampling import SamplingParams
     from rapid.engines.torch_engine import TorchEngine
     from rapid.modeling import Decoder
-    from rapid.runtime.coordinator import CoordinatorConfig, assemble
+    from rapid.runtime.assembly import assemble
+    from rapid.runtime.coordinator import CoordinatorConfig
     from rapid.runtime.tree import TreeParams
     from rapid.server.app import VerifierServer
     from rapid.server.background import BackgroundServer

@@ -8,7 +8,8 @@ import pytest
 
 from rapid.core.sampling import SamplingParams
 from rapid.engines.torch_engine import TorchEngine
-from rapid.runtime.coordinator import CoordinatorConfig, assemble
+from rapid.runtime.assembly import assemble
+from rapid.runtime.coordinator import CoordinatorConfig
 from rapid.runtime.edge_config import EdgeConfig, budget_arg
 from rapid.server.app import VerifierServer
 from rapid.server.background import BackgroundServer
