@@ -9,44 +9,71 @@ import time
 
 import numpy as np
 import torch
+from transformers import AutoModelForCausalLM
+
+from rapid.bench.contention import LoadProcess, parse_schedule
+from rapid.core.sampling import SamplingParams
+from rapid.engines import native
+from rapid.engines.torch_engine import TorchEngine
+from rapid.modeling import Decoder, DecoderConfig
+from rapid.runtime.assembly import assemble
+from rapid.runtime.coordinator import CoordinatorConfig
+from rapid.runtime.drafter import Drafter
+from rapid.runtime.policies import POLICIES
+from rapid.runtime.tree import TreeParams
+from rapid.server.app import VerifierServer
+from rapid.server.background import BackgroundServer
+from rapid.server.invariance import position_probe
+from rapid.server.invariance_stress import stress
+from rapid.server.target import TargetSession, reference_decode
+from rapid.server.verify_curve import curve_line, measure_curve
+from rapid.tiny import EOS_ID, build_tiny
+
+PROMPT = list(b"def gpu_check(x):")
 
 
 def main() -> int:
-    ok = True
     print(f"- torch {torch.__version__}, CUDA available: {torch.cuda.is_available()}")
     if not torch.cuda.is_available():
         print("- no CUDA device visible to torch: nothing else can run")
         return 1
     print(f"- device: {torch.cuda.get_device_name(0)}")
-    from rapid.engines import native
-
-    try:
-        print(f"- CUDA KV kernels vs CPU kernels: {native.selftest_cuda()}")
-    except Exception as e:  # noqa: BLE001
-        ok = False
-        print(f"- CUDA KV kernels vs CPU kernels: FAILED {e}")
-
-    from transformers import AutoModelForCausalLM
-
-    from rapid.engines.torch_engine import TorchEngine
-    from rapid.modeling import Decoder
-    from rapid.runtime.drafter import Drafter
-    from rapid.runtime.tree import TreeParams
-    from rapid.tiny import EOS_ID, build_tiny
-
+    ok = kernels_on_gpu()
     root = tempfile.mkdtemp()
     tgt_dir = build_tiny(f"{root}/t", seed=0, dtype="float64", hidden=128, layers=4)
     drf_dir = build_tiny(f"{root}/d", seed=1, base_seed=0, perturb=0.08, dtype="float64", hidden=128, layers=4)
-    tgt_cpu = Decoder.from_hf(AutoModelForCausalLM.from_pretrained(tgt_dir, dtype=torch.float64))
-    drf_cpu = Decoder.from_hf(AutoModelForCausalLM.from_pretrained(drf_dir, dtype=torch.float64))
+    tgt_cpu = _decoder(tgt_dir)
+    gpu, same = draft_on_gpu(drf_dir)
+    ok &= same
+    contention_on_gpu(gpu)
+    tgt_gpu = _decoder(tgt_dir).to("cuda")
+    ok &= policies_on_gpu(tgt_gpu, tgt_cpu, drf_dir)
+    ok &= batched_on_gpu(tgt_gpu, tgt_cpu, drf_dir)
+    bf16_invariance(tgt_dir)
+    print(f"- overall: {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
 
-    # 2. draft on CUDA with an event after every step; logits vs the CPU engine
-    gpu = Drafter(TorchEngine(Decoder.from_hf(AutoModelForCausalLM.from_pretrained(drf_dir, dtype=torch.float64)),
-                              512, device="cuda"), TreeParams(4, 16, 3, 3), (EOS_ID,))
-    cpu = Drafter(TorchEngine(drf_cpu, 512), TreeParams(4, 16, 3, 3), (EOS_ID,))
-    prompt = list(b"def gpu_check(x):")
+
+def _decoder(folder: str) -> Decoder:
+    return Decoder.from_hf(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64))
+
+
+def kernels_on_gpu() -> bool:
+    """1. The CUDA KV kernels against the CPU ones."""
+    try:
+        print(f"- CUDA KV kernels vs CPU kernels: {native.selftest_cuda()}")
+        return True
+    except Exception as e:  # noqa: BLE001 — report and go on
+        print(f"- CUDA KV kernels vs CPU kernels: FAILED {e}")
+        return False
+
+
+def draft_on_gpu(drf_dir: str) -> tuple[Drafter, bool]:
+    """2. The draft on CUDA with an event after every step; its tree against the CPU engine's."""
+    gpu = Drafter(TorchEngine(_decoder(drf_dir), 512, device="cuda"), TreeParams(4, 16, 3, 3), (EOS_ID,))
+    cpu = Drafter(TorchEngine(_decoder(drf_dir), 512), TreeParams(4, 16, 3, 3), (EOS_ID,))
     for d in (gpu, cpu):
-        d.start(prompt)
+        d.start(PROMPT)
     ready_before_wait, steps, t0 = 0, 0, time.perf_counter()
     orig = gpu.engine.step
 
@@ -60,21 +87,21 @@ def main() -> int:
     gpu.engine.step = step_with_event
     gpu.draft(4)
     cpu.draft(4)
+    gpu.engine.step = orig
     same = gpu.tree.tokens == cpu.tree.tokens and np.allclose(gpu.tree.score, cpu.tree.score, atol=1e-6)
-    ok &= same
     print(f"- draft on CUDA: {steps} expansion steps, each with a CUDA event ({ready_before_wait} already complete "
           f"when queried); tree identical to CPU: {'yes' if same else 'NO'}; {time.perf_counter() - t0:.3f}s")
+    return gpu, same
 
-    # 3. the GPU contention load of rapid bench slows a CUDA draft step
-    from rapid.bench.contention import LoadProcess, parse_schedule
 
-    gpu.engine.step = orig
+def contention_on_gpu(gpu: Drafter) -> None:
+    """3. The GPU contention load of rapid bench slows a CUDA draft step (reported, not required)."""
 
     def step_ms(n: int = 10) -> float:
         """Median ms per expansion step of a depth-4 draft on the GPU (prompt prefill included)."""
         ts = []
         for _ in range(n):
-            gpu.start(prompt)
+            gpu.start(PROMPT)
             t1 = time.perf_counter()
             gpu.draft(4)
             ts.append((time.perf_counter() - t1) / 4)
@@ -91,60 +118,34 @@ def main() -> int:
     except Exception as e:  # noqa: BLE001 — report and go on to the exactness check
         print(f"- GPU contention load: could not measure ({type(e).__name__}: {e})")
 
-    # 4. exactness with the target on the GPU
-    from rapid.core.sampling import SamplingParams
-    from rapid.runtime.assembly import assemble
-    from rapid.runtime.coordinator import CoordinatorConfig
-    from rapid.runtime.policies import POLICIES
-    from rapid.server.app import VerifierServer
-    from rapid.server.background import BackgroundServer
-    from rapid.server.target import reference_decode
 
-    tgt_gpu = Decoder.from_hf(AutoModelForCausalLM.from_pretrained(tgt_dir, dtype=torch.float64)).to("cuda")
+def policies_on_gpu(tgt_gpu: Decoder, tgt_cpu: Decoder, drf_dir: str) -> bool:
+    """4. Exactness with the target on the GPU: every policy, greedy and seeded sampling."""
     server = BackgroundServer(VerifierServer(tgt_gpu, answer_delay=lambda: 0.002))
     results = []
     for sp in (SamplingParams(), SamplingParams(temperature=0.9, top_p=0.95, seed=3)):
-        ref = reference_decode(tgt_cpu, prompt, 40, sp, (EOS_ID,))
+        ref = reference_decode(tgt_cpu, PROMPT, 40, sp, (EOS_ID,))
         for name, pol in POLICIES.items():
-            eng = TorchEngine(Decoder.from_hf(AutoModelForCausalLM.from_pretrained(drf_dir, dtype=torch.float64)),
-                              1024, device="cuda")
+            eng = TorchEngine(_decoder(drf_dir), 1024, device="cuda")
             coord = assemble(eng, TreeParams(4, 12, 2, 2), (EOS_ID,), server.url, pol, CoordinatorConfig(depth=4))
-            gen = asyncio.run(coord.generate(prompt, 40, sp))
+            gen = asyncio.run(coord.generate(PROMPT, 40, sp))
             results.append((name, sp.temperature, gen.tokens == ref, gen.summary.tokens_per_call))
     server.close()
     for name, t, same, tpc in results:
-        ok &= same
         print(f"- exactness, target+draft on GPU, policy {name}, T={t}: {'identical' if same else 'DIFFERENT'} "
               f"(tokens/target call {tpc:.2f})")
-    ok &= batched_on_gpu(tgt_gpu, tgt_cpu, drf_dir)
-    bf16_invariance(tgt_dir)
-    print(f"- overall: {'PASS' if ok else 'FAIL'}")
-    return 0 if ok else 1
+    return all(same for _, _, same, _ in results)
 
 
-def batched_on_gpu(tgt_gpu, tgt_cpu, drf_dir: str) -> bool:
+def batched_on_gpu(tgt_gpu: Decoder, tgt_cpu: Decoder, drf_dir: str) -> bool:
     """6. Batched verification (--max-batch 8) with the target on the GPU: 6 concurrent edges,
     each identical to the target alone, trees really batched, no batched forward split."""
-    from transformers import AutoModelForCausalLM
-
-    from rapid.core.sampling import SamplingParams
-    from rapid.engines.torch_engine import TorchEngine
-    from rapid.modeling import Decoder
-    from rapid.runtime.assembly import assemble
-    from rapid.runtime.coordinator import CoordinatorConfig
-    from rapid.runtime.tree import TreeParams
-    from rapid.server.app import VerifierServer
-    from rapid.server.background import BackgroundServer
-    from rapid.server.target import reference_decode
-    from rapid.tiny import EOS_ID
-
     verifier = VerifierServer(tgt_gpu, max_batch=8, batch_window_ms=20.0)
     server = BackgroundServer(verifier)
     prompts = [list(f"prompt number {i}: ".encode()) for i in range(6)]
 
     async def one(prompt):
-        eng = TorchEngine(Decoder.from_hf(AutoModelForCausalLM.from_pretrained(drf_dir, dtype=torch.float64)),
-                          1024, device="cuda")
+        eng = TorchEngine(_decoder(drf_dir), 1024, device="cuda")
         coord = assemble(eng, TreeParams(4, 12, 2, 2), (EOS_ID,), server.url, "rapid", CoordinatorConfig(depth=4))
         return (await coord.generate(prompt, 32, SamplingParams())).tokens
 
@@ -177,15 +178,6 @@ def bf16_invariance(tgt_dir: str) -> None:
       on the layer stack and on the tiny target, and its time;
     - the verify curve of the layer stack on the GPU, and a 2,000-token prefill's time.
     """
-    from transformers import AutoModelForCausalLM
-
-    from rapid.core.sampling import SamplingParams
-    from rapid.modeling import Decoder, DecoderConfig
-    from rapid.server.invariance import position_probe
-    from rapid.server.invariance_stress import stress
-    from rapid.server.target import TargetSession
-    from rapid.server.verify_curve import curve_line, measure_curve
-
     shapes = DecoderConfig("qwen2", 4096, 1536, 2, 12, 2, 128, 8960, 1e-6, 1e6, True, False, False, True, 32768, (0,))
     torch.manual_seed(1)
     with torch.device("meta"):

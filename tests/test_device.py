@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+import torch
 
 from rapid.core.device import UnsupportedDeviceError, choose_device
 
@@ -22,3 +27,14 @@ def test_bad_devices_are_one_line_errors(requested, count, why):
     with pytest.raises(UnsupportedDeviceError, match=why) as e:
         choose_device(requested, count)
     assert "\n" not in str(e.value)
+
+
+def test_device_check_script_resolves_its_imports_and_says_why_it_stops_without_cuda():
+    """scripts/device_check.py runs only where a GPU is lent, so its first line of defence is
+    here: every module and name it imports exists, and without CUDA it stops with a reason."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: scripts/device_check.sh runs the whole check")
+    script = Path(__file__).resolve().parent.parent / "scripts" / "device_check.py"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stderr
+    assert "no CUDA device visible to torch" in out.stdout
