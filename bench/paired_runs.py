@@ -26,19 +26,23 @@ from rapid.bench.contention import schedule_kind
 RepeatTable = dict[tuple[str, str, str, str], dict[int, float]]  # (profile, kind, set, policy) -> repeat -> tok/s
 
 
+def pooled_by_repeat(runs: list[dict]) -> dict[int, float]:
+    """{repeat: tokens / wall seconds over that repeat's runs} (one cell's runs: its prompts)."""
+    tokens: dict[int, float] = defaultdict(float)
+    wall: dict[int, float] = defaultdict(float)
+    for r in runs:
+        k = int(r.get("repeat", 0))
+        tokens[k] += r["tokens"]
+        wall[k] += r["wall_s"]
+    return {k: tokens[k] / w for k, w in sorted(wall.items()) if w > 0}
+
+
 def repeat_tok_s(runs: list[dict]) -> RepeatTable:
     """{(profile, schedule kind, set, policy): {repeat: tokens / wall seconds over its prompts}}."""
-    tokens: dict[tuple, float] = defaultdict(float)
-    wall: dict[tuple, float] = defaultdict(float)
+    cells: dict[tuple, list[dict]] = defaultdict(list)
     for r in runs:
-        key = (r["profile"], schedule_kind(r["schedule"]), r["set"], r["policy"], int(r.get("repeat", 0)))
-        tokens[key] += r["tokens"]
-        wall[key] += r["wall_s"]
-    out: RepeatTable = defaultdict(dict)
-    for key, w in wall.items():
-        if w > 0:
-            out[key[:4]][key[4]] = tokens[key] / w
-    return dict(out)
+        cells[(r["profile"], schedule_kind(r["schedule"]), r["set"], r["policy"])].append(r)
+    return {key: reps for key, rs in cells.items() if (reps := pooled_by_repeat(rs))}
 
 
 def paired_ratios(by: RepeatTable, policy: str, base: str, kind: str) -> dict[tuple[str, str], dict[int, float]]:

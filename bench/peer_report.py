@@ -1,12 +1,12 @@
 """Two report sections of a ``rapid bench`` folder: the peers, and where the accepted length stops.
 
-Peers (``peers.jsonl``, ``rapid.bench.peers``): per set, rapid's median tok/s over ``ar`` next to
-each HF peer's over ``hf-plain``, each ratio taken per prompt on median seconds over repeats and
-then the median over the set's prompts; ``same`` counts prompts whose every repeat emitted
-hf-plain's tokens. A second table gives the tokens per second themselves (each method's median
-over repeats per prompt, then over the set's prompts; ours from the bench's summary), since each
-ratio has its own denominator: HF's plain ``generate`` ran at half ``ar``'s speed on the Zen 4
-(3.2 against 6.5 tok/s), so a peer can lead by its own ratio while being slower than rapid.
+Peers (``peers.jsonl``, ``rapid.bench.peers``): per set, rapid's tok/s over ``ar`` next to each HF
+peer's over ``hf-plain``, every one measured as the bench's cells are: per repeat, tokens over
+seconds on the set's prompts together, then the median over repeats; ``same`` counts prompts whose
+every repeat emitted hf-plain's tokens. A second table gives the tokens per second themselves
+(ours from the bench's summary), since each ratio has its own denominator: HF's plain
+``generate`` ran at half ``ar``'s speed on the Zen 4 (3.2 against 6.5 tok/s), so a peer can lead
+by its own ratio while being slower than rapid.
 
 Ceiling (``rounds.jsonl``, the ``rapid`` policy's rounds): per set,
 
@@ -32,44 +32,43 @@ import statistics
 from collections import defaultdict
 
 from rapid.bench.md_table import cell, md_table
+from rapid.bench.paired_runs import pooled_by_repeat
 
 PEER_RATIOS = (("hf-assisted", "hf-plain"), ("hf-lookup", "hf-plain"))
 
 
-def _median_tok_s(rows: list[dict]) -> dict[tuple[str, str, str], float]:
-    groups: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+def _pooled_tok_s(rows: list[dict]) -> dict[tuple[str, str], float]:
+    """(set, method) → median over repeats of the repeat's tokens over seconds on the set's prompts
+    (the bench's own cells are measured so: ``rapid.bench.report.aggregate``)."""
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for r in rows:
-        groups[(r["set"], r["prompt_id"], r["method"])].append(len(r["tokens"]) / r["seconds"])
-    return {k: statistics.median(v) for k, v in groups.items()}
+        groups[(r["set"], r["method"])].append({"repeat": r["repeat"], "tokens": len(r["tokens"]),
+                                                "wall_s": r["seconds"]})
+    return {k: statistics.median(reps.values()) for k, v in groups.items() if (reps := pooled_by_repeat(v))}
 
 
 def peer_ratios(peers: list[dict]) -> dict[str, dict[str, tuple[float, int, int]]]:
-    """set → method → (median over prompts of tok/s ratio to hf-plain, prompts identical, prompts)."""
-    tps = _median_tok_s(peers)
+    """set → method → (its tok/s over hf-plain's, both pooled over the set's prompts per repeat and
+    the median taken over repeats; prompts identical to hf-plain in every repeat, prompts)."""
+    tps = _pooled_tok_s(peers)
     plain = {(r["set"], r["prompt_id"], r["repeat"]): r["tokens"] for r in peers if r["method"] == "hf-plain"}
     out: dict[str, dict[str, tuple[float, int, int]]] = defaultdict(dict)
     for method, base in PEER_RATIOS:
-        by_set: dict[str, list[tuple[float, bool]]] = defaultdict(list)
-        for (pset, pid, m), v in tps.items():
-            if m != method or (pset, pid, base) not in tps:
+        for (pset, m), v in tps.items():
+            if m != method or not tps.get((pset, base)):
                 continue
-            same = all(r["tokens"] == plain.get((pset, pid, r["repeat"])) for r in peers
-                       if r["set"] == pset and r["prompt_id"] == pid and r["method"] == method)
-            by_set[pset].append((v / tps[(pset, pid, base)], same))
-        for pset, vals in by_set.items():
-            out[pset][method] = (statistics.median(v for v, _ in vals), sum(s for _, s in vals), len(vals))
+            pids = sorted({r["prompt_id"] for r in peers if r["set"] == pset and r["method"] == method})
+            same = sum(all(r["tokens"] == plain.get((pset, pid, r["repeat"])) for r in peers
+                           if r["set"] == pset and r["prompt_id"] == pid and r["method"] == method) for pid in pids)
+            out[pset][method] = (v / tps[(pset, base)], same, len(pids))
     return dict(out)
 
 
 def peer_tok_s(peers: list[dict]) -> dict[str, dict[str, float]]:
-    """set → method → median over the set's prompts of the method's median tok/s over repeats."""
-    tps = _median_tok_s(peers)
-    by: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for (pset, _, method), v in tps.items():
-        by[(pset, method)].append(v)
+    """set → method → tok/s pooled over the set's prompts per repeat, the median over repeats."""
     out: dict[str, dict[str, float]] = defaultdict(dict)
-    for (pset, method), vals in by.items():
-        out[pset][method] = statistics.median(vals)
+    for (pset, method), v in _pooled_tok_s(peers).items():
+        out[pset][method] = v
     return dict(out)
 
 

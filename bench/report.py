@@ -13,6 +13,7 @@ from rapid.bench.colocation import verify_tax_lines
 from rapid.bench.contention import schedule_kind
 from rapid.bench.first_token import first_token_lines
 from rapid.bench.md_table import md_table
+from rapid.bench.paired_runs import pooled_by_repeat
 from rapid.bench.peer_report import ceiling_lines, peer_lines, peer_tok_s_lines
 from rapid.bench.plots import make_plots
 from rapid.bench.policy_targets import target_lines
@@ -49,13 +50,19 @@ def _med(xs):
 
 
 def aggregate(runs: list[dict]) -> list[dict]:
-    """One row per (profile, schedule, set, policy): medians over runs and the tok/s spread."""
+    """One row per (profile, schedule, set, policy): tok/s the median over the repeats of each
+    repeat's tokens over wall seconds on the cell's prompts (``paired_runs.pooled_by_repeat``), its
+    spread over the repeats; the other columns medians over runs.
+
+    With several prompts a set, the median of the runs themselves would set one prompt's speed
+    against another's (a policy could read fastest on the strength of its runs of an easier
+    prompt); pooled per repeat, every policy of a cell is measured on the same prompts."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in runs:
         groups[(r["profile"], r["schedule"], r["set"], r["policy"])].append(r)
     rows = []
     for (prof, sched, pset, pol), rs in groups.items():
-        tps = [r["tokens_per_s"] for r in rs]
+        tps = list(pooled_by_repeat(rs).values()) or [r["tokens_per_s"] for r in rs]
         lat = [x for r in rs for x in r.get("round_latencies", [])]
         rows.append({
             "profile": prof, "net_mode": rs[0].get("net_mode", "?"), "schedule": sched, "set": pset,
@@ -238,7 +245,8 @@ def _setup_lines(meta: dict, same: int, checked: int) -> list[str]:
              f"last **{meta.get('token_budget')} tokens** (lengths used: {meta.get('prompt_tokens')}); raw text, "
              "no chat template (Llama-2 markers stripped)")
     L.append(f"- repeats: {cfg.get('repeats')}, policies interleaved (order reversed on odd repeats); "
-             "medians over runs, spread = min–max of tok/s")
+             "tok/s per repeat over the cell's prompts (tokens / wall seconds), its median over the repeats, "
+             "spread = min–max over the repeats; the other columns medians over runs")
     if mode == "netem":
         L.append("- network: **real** — cloud in its own netns behind a veth pair with `tc netem` on both ends")
     else:

@@ -64,3 +64,21 @@ def test_report_states_the_sampling_setting(canned):
             assert f"sampling temperature 0.7, top-p 0.8, seed 3, {says};" in md
     finally:
         (canned / "meta.json").write_text(json.dumps(meta))
+
+
+def _run(policy, prompt, repeat, tokens, wall):
+    return {"profile": "wan", "schedule": "none", "set": "c4", "policy": policy, "prompt_id": prompt,
+            "repeat": repeat, "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
+            "per_token_s": wall / tokens, "round_latencies": [wall], "mean_accepted": 1.0, "tokens_per_call": 2.0,
+            "hit_rate": None, "interrupts": 0, "discarded_ratio": 0.0, "mean_depth": 1.0}
+
+
+def test_a_cells_throughput_pools_its_prompts_per_repeat_then_takes_the_median_over_repeats():
+    """The runs' own median would set one prompt against another: here `a` reads 2.5 tok/s (its
+    middle prompt) and `b` 4.0, though over the same three prompts `a` takes 10 s and `b` 8 s."""
+    runs = [_run("a", p, 0, 10, w) for p, w in (("0", 1.0), ("1", 4.0), ("2", 5.0))]
+    runs += [_run("b", p, 0, 10, w) for p, w in (("0", 2.0), ("1", 2.5), ("2", 3.5))]
+    runs += [_run("a", p, 1, 10, 2 * w) for p, w in (("0", 1.0), ("1", 4.0), ("2", 5.0))]
+    rows = {r["policy"]: r for r in aggregate(runs)}
+    assert rows["a"]["tok_s"] == 2.25 and (rows["a"]["tok_s_min"], rows["a"]["tok_s_max"]) == (1.5, 3.0)
+    assert rows["b"]["tok_s"] == 3.75 and rows["a"]["runs"] == 6
