@@ -103,12 +103,13 @@ def run_branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int |
 def run_catch_up(e, t_send: float, t_arr: float, window: VerifyWindow) -> float:
     """A proactive policy's round that drafted nothing, after another such round (two tokens
     pending): one step (as traced beside the verify, else of one token) from ``t_send`` if the
-    runtime's ``BranchGate.fits`` says it ends before the verdict, measured by the controller
-    (``Coordinator._catch_up``), beside the verify (``window``). Returns when the edge is free
-    for the next round."""
-    if not e.gate.fits(0.0):
+    runtime's ``BranchGate.catch_up`` says so (it should end before the verdict, else once in a
+    few rounds), measured by the controller and the gate (``Coordinator._catch_up``), beside the
+    verify (``window``). Returns when the edge is free for the next round."""
+    if not e.gate.catch_up(0.0):
         return t_arr
     d = e.step_time(t_send) * e.cal.beside.scale(CATCH_UP, e.cal.step_scale, 1)
+    e.gate.observe_catch_up(d)
     window.beside(t_send, t_send + d)
     e.ctrl.observe_step(d, e.cal.beside.step_tokens(CATCH_UP, 1), beside=True)
     return max(t_arr + window.grown, t_send + d)

@@ -160,14 +160,16 @@ class Coordinator:
 
     def _catch_up(self, t_sent: float) -> float:
         """A round that drafted nothing, while the cloud verifies: feed the pending tokens (one step,
-        ``Drafter.catch_up``) if it should end before the verdict (``BranchGate.fits``); its seconds
-        (0.0: none ran). Measured as any draft step, it keeps the controller's slowdown current
-        while it drafts nothing (else a lifted load is seen at the next probe, up to 32 rounds on)."""
-        if not self.gate.fits(self.clock() - t_sent):
+        ``Drafter.catch_up``) where the gate says so (``BranchGate.catch_up``: if it should end before
+        the verdict, else once in a few rounds); its seconds (0.0: none ran). Measured as any draft
+        step, it keeps the controller's slowdown current while it drafts nothing (else a lifted
+        load is seen at the next probe, up to 32 rounds on)."""
+        if not self.gate.catch_up(self.clock() - t_sent):
             return 0.0
         rec = self.drafter.catch_up()
         if rec is None:
             return 0.0
+        self.gate.observe_catch_up(rec.seconds)
         try:
             self._after_step(rec, "catch_up", 1)
         except _Halted:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from test_ipdg import CountingEngine, FlagLink  # noqa: E402  (beside this file)
 
 from rapid.core.sampling import SamplingParams
-from rapid.runtime.branch_gate import BranchGate
+from rapid.runtime.branch_gate import CATCH_UP_EVERY, BranchGate
 from rapid.runtime.coordinator import Coordinator, CoordinatorConfig, controller_for
 from rapid.runtime.drafter import Drafter
 from rapid.runtime.link import CloudLink
@@ -55,6 +55,24 @@ def test_unknown_costs_start_every_step_and_the_prior_stands_in_for_p():
     assert g.p(0) == g.p(1) == pytest.approx(0.7)
     with pytest.raises(ValueError):
         BranchGate(alpha=0.0)
+
+
+def test_a_catch_up_that_would_overrun_the_verdict_runs_once_in_a_few_rounds_by_its_own_seconds():
+    """A catch-up step is judged by its own measured seconds (the branch's stand in until one is
+    measured): under a load that makes it 0.39 s against a 0.29 s wait it runs once in
+    CATCH_UP_EVERY rounds (that measurement keeps the slowdown current), and as soon as one fits
+    again (the load lifted) it runs in every round."""
+    assert BranchGate().catch_up(5.0)  # nothing known: run
+    g = gate(0.29, 0.2, None)
+    assert g.catch_up(0.0)  # the branch's 0.2 s stands in: fits
+    g.observe_catch_up(0.39)
+    runs = [g.catch_up(0.0) for _ in range(3 * CATCH_UP_EVERY)]
+    assert runs == ([False] * (CATCH_UP_EVERY - 1) + [True]) * 3
+    assert not g.catch_up(0.1)
+    for _ in range(6):  # the load lifted: each measured catch-up is quick
+        g.observe_catch_up(0.18)
+    assert all(g.catch_up(0.0) for _ in range(2 * CATCH_UP_EVERY))
+    assert not g.catch_up(0.2)  # 0.2 s after the send a ~0.18 s step would overrun
 
 
 def test_the_first_step_counts_only_the_roots_it_feeds():
