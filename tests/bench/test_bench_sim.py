@@ -264,3 +264,14 @@ def test_a_draft_that_costs_more_than_it_buys_is_skipped_as_the_runtime_skips_it
     cold = sim.simulate(policies.POLICIES["rapid-cost"], replace(slow, warm_controller=False),
                         parse_schedule("sustained"), p, tokens=96, seed=0)["edges"][0]
     assert cold.depths[0] > 0
+
+
+def test_a_cells_simulated_throughput_pools_its_generations_as_the_report_pools_prompts(cal):
+    # the measured side pools a cell's prompts (tokens over wall seconds); the simulated side must
+    # too, or a cell mixing quick and slow generations reads as a simulator error
+    args = (policies.POLICIES["rapid"], cal, parse_schedule("burst:1:1"), get_profile("wan"), 48)
+    runs = [sim.simulate(*args, seed=s)["edges"][0] for s in range(4)]
+    assert len({round(r.tok_s, 6) for r in runs}) > 1  # the generations differ, so the estimators do
+    pooled = sum(r.tokens for r in runs) / sum(r.wall_s for r in runs)
+    assert sim.sim_tok_s(*args, 4) == pytest.approx(pooled, rel=1e-12)
+    assert sim.sim_tok_s(*args, 4) != pytest.approx(sum(r.tok_s for r in runs) / 4, rel=1e-9)
