@@ -40,12 +40,13 @@ def draw_count(rng: random.Random, mean: float) -> int:
 
 
 def run_branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int | None,
-               window: VerifyWindow) -> tuple[float, bool]:
+               window: VerifyWindow, may_end: bool = False) -> tuple[float, bool]:
     """The proactive branch drafted from ``t_send``: interruptible policies ask the runtime's
     ``BranchGate`` before each step and stop at the first step boundary after the verdict
     (``t_arr``, plus what each step beside the verify added to it: ``window``). ``landed``: the
     root wave the verdict lands on (None: no root). Returns when the edge is free for the next
-    round, and whether the branch was kept (a landed root with a step run)."""
+    round, and whether the branch was kept (a landed root with a step run). ``may_end``: the
+    verdict may end the generation (the gate then starts no step that would outlast it)."""
     pol = e.policy
     hit = landed is not None
     gated = pol.interruptible and not e.oracle  # the oracle stops its planned branch by itself
@@ -71,7 +72,7 @@ def run_branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int |
     while steps < want:
         if pol.interruptible and t >= t_arr + window.grown:
             break
-        if gated and not e.gate.start(t - t_send, min(steps, waves - 1)):
+        if gated and not e.gate.start(t - t_send, min(steps, waves - 1), may_end):
             break
         d = e.step_time(t) * scale
         window.beside(t, t + d)
@@ -100,13 +101,13 @@ def run_branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int |
     return max(t_arr, t), kept
 
 
-def run_catch_up(e, t_send: float, t_arr: float, window: VerifyWindow) -> float:
+def run_catch_up(e, t_send: float, t_arr: float, window: VerifyWindow, may_end: bool = False) -> float:
     """A proactive policy's round that drafted nothing, after another such round (two tokens
     pending): one step (as traced beside the verify, else of one token) from ``t_send`` if the
     runtime's ``BranchGate.catch_up`` says so (it should end before the verdict, else once in a
-    few rounds), measured by the controller and the gate (``Coordinator._catch_up``), beside the
+    few rounds unless the verdict ``may_end`` the generation), measured by the controller and the gate (``Coordinator._catch_up``), beside the
     verify (``window``). Returns when the edge is free for the next round."""
-    if not e.gate.catch_up(0.0):
+    if not e.gate.catch_up(0.0, may_end):
         return t_arr
     d = e.step_time(t_send) * e.cal.beside.scale(CATCH_UP, e.cal.step_scale, 1)
     e.gate.observe_catch_up(d)

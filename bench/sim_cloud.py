@@ -127,14 +127,15 @@ class Cloud:
         a = e.run_len(e.pos, cap)
         full = depth > 0 and a >= cap
         hit = e.hit(e.pos + a, full)
+        may_end = cap + 1 >= e.target - e.pos  # the verdict may end the generation (BranchGate)
         e.reused = 0
         kept, end = None, t_arr  # kept: whether a proactive branch ran and was kept
         pol, window = e.policy, p["window"]
         if pol.proactive and pol.drafting and depth > 0 and (not e.oracle or hit):
             # a verdict inside the tree lands on a first-wave root, a fully accepted one on a leaf's
-            end, kept = run_branch(e, t_send, t_arr, a, depth, (1 if full else 0) if hit else None, window)
+            end, kept = run_branch(e, t_send, t_arr, a, depth, (1 if full else 0) if hit else None, window, may_end)
         elif pol.proactive and pol.drafting and not e.oracle and depth == 0 and e.res.depths[-1:] == [0]:
-            end = run_catch_up(e, t_send, t_arr, window)
+            end = run_catch_up(e, t_send, t_arr, window, may_end)
         t_arr += window.grown  # the steps beside the verify made it (and the verdict) that much later
         verify_s = p["verify_s"] + window.grown
         if pol.drafting:  # as the coordinator: the link's share of the wait = arrival - send - verify

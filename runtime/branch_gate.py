@@ -9,7 +9,7 @@ verdict expected at ``T``:
     the branch is kept (p):   the step's work is reused; it overlapped the wait by  T - t
     the branch is dropped:    the next round starts  t + s - T  later than it could have
 
-    start  iff  t + s <= T   or   p (T - t) >= (1 - p) (t + s - T)
+    start  iff  t + s <= T   or   (p (T - t) >= (1 - p) (t + s - T)   and not may_end)
 
 ``T`` = EMA of the send → verdict time (the cloud's share: RTT + verify), ``s`` = EMA of the
 branch's own step seconds (contended, as measured), ``p`` = EMA of how often this session's
@@ -47,11 +47,20 @@ either. So it runs where it should end in time by its own measured seconds (``ca
 branch's ``step_s`` until one is measured), and otherwise once in ``CATCH_UP_EVERY`` rounds, which
 keeps ``catch_s`` and the slowdown current (a load that lifts is seen within 4 rounds):
 
-    catch up  iff  costs unknown   or   t + catch_s <= T   or   the last CATCH_UP_EVERY - 1 were skipped
+    catch up  iff  costs unknown   or   t + catch_s <= T
+                   or   (the last CATCH_UP_EVERY - 1 were skipped   and not may_end)
 
 Judged by the branch's steps alone, the catch-ups of rapid-cost's undrafted rounds under a
 sustained load ran in 248 of 461 rounds, each ~0.39 s against a ~0.29 s wait, and each such
 round waited 0.10 s past its verdict (Xeon with AMX, five prompts a set, ``amx-sustained-n5``).
+
+A verdict that may end the generation (its tree reaches the last token the request asks for:
+``may_end``) leaves nothing for a kept branch or a fed token to serve if it does, so such a
+round bets on nothing: a step starts only where it should end before the verdict, and no
+catch-up is forced (the next round, if any, forces it). The bench's short replies met this
+once a reply: the forced catch-ups of rapid-cost's last rounds under sustained load fed ~20
+pending tokens in 0.45-0.66 s against a ~0.3 s wait, after which the request was over
+(``amx-sustained-n5-catch``, oasst: 0.15-0.36 s of 2.7-3.3 s a reply).
 
 Only when a step starts, and what the first step feeds, change: no step starts after the feedback
 flag, a started step always completes, and the verdict is reconciled as before, so the tokens are
@@ -120,23 +129,25 @@ class BranchGate:
         if seconds > 0.0:
             self.catch_s = self._ema(self.catch_s, seconds)
 
-    def catch_up(self, elapsed_s: float) -> bool:
+    def catch_up(self, elapsed_s: float, may_end: bool = False) -> bool:
         """Feed the pending tokens of a round that drafted nothing, ``elapsed_s`` seconds after the
         send? (module docstring: where the catch-up step should end before the verdict, and else
-        once in ``CATCH_UP_EVERY`` rounds; True while a cost is unknown)."""
+        once in ``CATCH_UP_EVERY`` rounds unless the verdict ``may_end`` the generation; True while
+        a cost is unknown)."""
         est = self.catch_s if self.catch_s > 0.0 else self.step_s
-        if self.cloud_s <= 0.0 or est <= 0.0 or elapsed_s + est <= self.cloud_s or self.skipped >= CATCH_UP_EVERY - 1:
+        fits = self.cloud_s <= 0.0 or est <= 0.0 or elapsed_s + est <= self.cloud_s
+        if fits or (self.skipped >= CATCH_UP_EVERY - 1 and not may_end):
             self.skipped = 0
             return True
         self.skipped += 1
         return False
 
-    def start(self, elapsed_s: float, step: int = 1) -> bool:
-        """Start branch step ``step`` (0 = the first) ``elapsed_s`` seconds after the send?
-        (module docstring)"""
+    def start(self, elapsed_s: float, step: int = 1, may_end: bool = False) -> bool:
+        """Start branch step ``step`` (0 = the first) ``elapsed_s`` seconds after the send, the
+        verdict perhaps ending the generation (``may_end``)? (module docstring)"""
         if self.cloud_s <= 0.0 or self.step_s <= 0.0:
             return True
         t, s, big_t, p = elapsed_s, self.step_s, self.cloud_s, self.p(step)
         if t + s <= big_t:
             return True
-        return p * max(0.0, big_t - t) >= (1.0 - p) * (t + s - big_t)
+        return not may_end and p * max(0.0, big_t - t) >= (1.0 - p) * (t + s - big_t)

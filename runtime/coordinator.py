@@ -125,7 +125,7 @@ class Coordinator:
         return count
 
     def _branch(self, depth: int, if_hit: Callable[[int], int] | None = None,
-                t_sent: float | None = None) -> tuple[int, int | None]:
+                t_sent: float | None = None, may_end: bool = False) -> tuple[int, int | None]:
         """Expand the proactive branch to ``depth`` levels, or, with ``if_hit``, to
         ``if_hit(accepted)`` once the root is chosen (``accepted`` = the verdict's length if the
         branch guesses right); return (steps run, step after which feedback stopped it). An
@@ -138,7 +138,7 @@ class Coordinator:
         gated = self.policy.interruptible and t_sent is not None
         self._waves = WAVES if not gated or self.gate.second_wave(self.clock() - t_sent) else 1
         it = d.proactive_steps(width, self._waves > 1)
-        while not gated or self.gate.start(self.clock() - t_sent, min(steps, self._waves - 1)):
+        while not gated or self.gate.start(self.clock() - t_sent, min(steps, self._waves - 1), may_end):
             rec = next(it, None)
             if rec is None:
                 break
@@ -158,13 +158,13 @@ class Coordinator:
                 break
         return steps, None
 
-    def _catch_up(self, t_sent: float) -> float:
+    def _catch_up(self, t_sent: float, may_end: bool = False) -> float:
         """A round that drafted nothing, while the cloud verifies: feed the pending tokens (one step,
         ``Drafter.catch_up``) where the gate says so (``BranchGate.catch_up``: if it should end before
         the verdict, else once in a few rounds); its seconds (0.0: none ran). Measured as any draft
         step, it keeps the controller's slowdown current while it drafts nothing (else a lifted
         load is seen at the next probe, up to 32 rounds on)."""
-        if not self.gate.catch_up(self.clock() - t_sent):
+        if not self.gate.catch_up(self.clock() - t_sent, may_end):
             return 0.0
         rec = self.drafter.catch_up()
         if rec is None:
@@ -268,7 +268,8 @@ class Coordinator:
                               t_start=t_ready if round_id == 0 else self.clock())
             _fill_decision(rec, decision)
             tokens, parents, sent = await self._draft_round(depth, left, rec, ahead if round_id == 0 else None)
-            verdict = await self._send_and_await(round_id, tokens, parents, depth, decision, rec)
+            may_end = rec.tree_depth + 1 >= left  # the verdict may end the generation (BranchGate)
+            verdict = await self._send_and_await(round_id, tokens, parents, depth, decision, rec, may_end)
             emitted, decision = self._apply(verdict, depth, decision, rec, sent, left)
             done = out.take(verdict, emitted, rec)
             rec.t_end = self.clock()
@@ -314,9 +315,10 @@ class Coordinator:
         return tokens, parents, SentTree(list(d.tree.score), flags)
 
     async def _send_and_await(self, round_id: int, tokens: list[int], parents: list[int], depth: int,
-                              decision: CAACDecision, rec: RoundRecord):
+                              decision: CAACDecision, rec: RoundRecord, may_end: bool = False):
         """Send D_i, expand the proactive branch while the cloud verifies, await the verdict, and
-        keep the branch only where it guessed the outcome (else restore the saved boundary)."""
+        keep the branch only where it guessed the outcome (else restore the saved boundary);
+        ``may_end``: D_i reaches the generation's last token, so no step bets past the verdict."""
         d, p = self.drafter, self.policy
         t_sent = self.clock()
         await self.link.send_tree(round_id, tokens, parents)
@@ -325,9 +327,9 @@ class Coordinator:
         if p.proactive and p.drafting and d.levels > 0:  # (a tree that drafted nothing has no fed node)
             boundary = d.save_boundary()
             branch_task = self._spawn(self._branch, self.controller.next_depth(True).depth,
-                                      self._if_hit(depth, decision.b_hat), t_sent)
+                                      self._if_hit(depth, decision.b_hat), t_sent, may_end)
         elif p.proactive and p.drafting:  # it drafted nothing: the wait feeds what is pending instead
-            catch_task = self._spawn(self._catch_up, t_sent)
+            catch_task = self._spawn(self._catch_up, t_sent, may_end)
         verdict = await self.link.verdict(round_id)  # raises: _drain stops the branch first
         rec.cloud_s = self.link.arrival(round_id) - t_sent
         if catch_task is not None:

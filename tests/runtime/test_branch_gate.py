@@ -190,3 +190,57 @@ def test_the_gate_rides_with_the_controller_from_one_generation_to_the_next(tiny
     assert first.tokens == second.tokens == reference
     assert all(r.proactive_steps == 0 for r in second.records)
     assert controller_for(POLICIES["ipdg"], cfg).gate is not ctrl.gate  # one gate per controller
+
+
+def test_a_verdict_that_may_end_the_generation_gets_no_bet():
+    """Where the verdict may end the generation, a kept branch or a fed token may serve nothing:
+    a step starts only where it should end before the verdict, and no catch-up is forced."""
+    g = gate(0.4, 0.3, 0.7)
+    assert g.start(0.3) and not g.start(0.3, may_end=True)  # the bet: 0.07 >= 0.06, not taken
+    assert g.start(0.1, may_end=True)  # ends at the verdict: free either way
+    g.observe_catch_up(0.39)
+    g.observe_cloud(0.29)
+    runs = [g.catch_up(0.0) for _ in range(CATCH_UP_EVERY - 1)]
+    assert not any(runs) and not g.catch_up(0.0, may_end=True)
+    assert g.catch_up(0.0)  # the next round, not the last: forced as before
+    assert BranchGate().catch_up(0.0, may_end=True)  # costs unknown: run
+
+
+class _RecordingGate(BranchGate):
+    """The coordinator's gate, recording ``may_end`` per branch (``second_wave`` opens a branch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.branches: list[list[bool]] = []
+
+    def second_wave(self, elapsed_s: float) -> bool:
+        self.branches.append([])
+        return super().second_wave(elapsed_s)
+
+    def start(self, elapsed_s: float, step: int = 1, may_end: bool = False) -> bool:
+        self.branches[-1].append(may_end)
+        return super().start(elapsed_s, step, may_end)
+
+
+def test_the_coordinator_tells_the_gate_which_verdicts_may_end_the_generation(tiny_pair):
+    """Real verifier on loopback: a round's branch is told ``may_end`` exactly where the tree it
+    sent reaches the generation's last token (tree depth + the bonus >= tokens left)."""
+    target, drafts = tiny_pair
+    server = BackgroundServer(VerifierServer(target))
+    d = Drafter(CountingEngine(drafts["partial"], capacity=512), TreeParams(3, 10, 2, 2), (EOS_ID,))
+    coord = Coordinator(d, CloudLink(server.url), POLICIES["ipdg"], CoordinatorConfig(depth=3))
+    coord.gate = _RecordingGate()
+    prompt, n = list(b"abc def abc"), 20
+    try:
+        gen = asyncio.run(coord.generate(prompt, n, SamplingParams()))
+    finally:
+        server.close()
+    assert gen.tokens == reference_decode(target, prompt, n, SamplingParams(), (EOS_ID,))
+    left, expected = n, []
+    for r in gen.records:
+        expected.append(r.tree_depth + 1 >= left)
+        left -= r.emitted
+    asked = coord.gate.branches
+    assert len(asked) == len(gen.records) and all(asked)  # every round asked before each step
+    assert [set(a) for a in asked] == [{e} for e in expected]
+    assert expected[-1] and not expected[0]
