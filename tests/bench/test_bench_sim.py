@@ -225,7 +225,7 @@ def test_interruptible_branch_asks_the_runtime_gate(cal, monkeypatch):
                   sim.CoordinatorConfig(depth=4))
     assert type(e.gate) is BranchGate
     gated = sim.simulate(*args, tokens=64, seed=0)["edges"][0]
-    monkeypatch.setattr(BranchGate, "start", lambda self, elapsed_s, step=1: True)
+    monkeypatch.setattr(BranchGate, "start", lambda self, elapsed_s, step=1, may_end=False: True)
     ungated = sim.simulate(*args, tokens=64, seed=0)["edges"][0]
     assert gated.hits == ungated.hits == 0
     assert gated.discarded <= 2 < gated.rounds // 2 <= ungated.discarded
