@@ -105,8 +105,9 @@ def run_catch_up(e, t_send: float, t_arr: float, window: VerifyWindow, may_end: 
     """A proactive policy's round that drafted nothing, after another such round (two tokens
     pending): one step (as traced beside the verify, else of one token) from ``t_send`` if the
     runtime's ``BranchGate.catch_up`` says so (it should end before the verdict, else once in a
-    few rounds unless the verdict ``may_end`` the generation), measured by the controller and the gate (``Coordinator._catch_up``), beside the
-    verify (``window``). Returns when the edge is free for the next round."""
+    few rounds unless the verdict ``may_end`` the generation), measured by the controller and the
+    gate (``Coordinator._catch_up``), beside the verify (``window``). Returns when the edge is free
+    for the next round."""
     if not e.gate.catch_up(0.0, may_end):
         return t_arr
     d = e.step_time(t_send) * e.cal.beside.scale(CATCH_UP, e.cal.step_scale, 1)
