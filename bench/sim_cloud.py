@@ -138,11 +138,8 @@ class Cloud:
             end = run_catch_up(e, t_send, t_arr, window, may_end)
         t_arr += window.grown  # the steps beside the verify made it (and the verdict) that much later
         verify_s = p["verify_s"] + window.grown
-        if pol.drafting:  # as the coordinator: the link's share of the wait = arrival - send - verify,
-            # the replayed chain's nodes among the tree's
-            nodes = round(p["nodes"])
-            chain = min(nodes, e.cal.reach(e.offset + e.pos)) if not e.oracle else 0
-            e.ctrl.observe_verdict(depth, nodes, verify_s, t_arr - t_send - verify_s, a, kept, chain)
+        if pol.drafting:  # as the coordinator: the link's share of the wait = arrival - send - verify
+            e.ctrl.observe_verdict(depth, round(p["nodes"]), verify_s, t_arr - t_send - verify_s, a, kept)
         sampled = observed_depth(depth, e.target - e.pos) if pol.drafting else max(depth, 1)  # as the coordinator
         e.ctrl.observe_round(a, sampled, t_arr - t_send, e.decision.b_hat)
         if pol.drafting:

@@ -250,9 +250,6 @@ class CAAC:
     def observe_lookup(self, reach: Sequence[float], nodes: int) -> None:
         """The prompt-lookup chains the next tree would carry (only ``rapid-cost`` prices them)."""
 
-    def observe_pending(self, tokens: int) -> None:
-        """The tokens the next tree's first step feeds (only ``rapid-cost`` prices them)."""
-
     def new_request(self) -> None:
         """Start a new generation: reset the logical path (acceptance EMA, PID state), keep the
         physical path (ESR, the per-size step baselines, the taus) and the cloud EMA.
@@ -326,9 +323,8 @@ class CAAC:
         """The cloud's verify curve and the tree shape of a session (used by the cost-aware policy)."""
 
     def observe_verdict(self, depth: int, nodes: int, verify_s: float, rtt_s: float | None,
-                        accepted: int | None = None, hit: bool | None = None, chain_nodes: int = 0) -> None:
-        """A verdict's tree size (``chain_nodes`` of them on lookup chains), verify time, RTT and
-        branch outcome (used by the cost-aware policy)."""
+                        accepted: int | None = None, hit: bool | None = None) -> None:
+        """A verdict's tree size, verify time, RTT and branch outcome (used by the cost-aware policy)."""
 
     def next_depth(self, proactive: bool = False, reused: int = 0) -> CAACDecision:
         """The depth for the next round (does not change state; ``reused``, the levels a kept

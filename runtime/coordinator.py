@@ -364,14 +364,13 @@ class Coordinator:
         if p_drafts:
             rtt = rec.cloud_s - verdict.verify_s  # the link's share of the wait: arrival - send - verify
             self.controller.observe_verdict(depth, rec.tree_nodes, verdict.verify_s, rtt, rec.accepted,
-                                            rec.proactive_hit, sum(sent.lookup))
+                                            rec.proactive_hit)
             self.cut.observe_verdict(sent.scores, sent.lookup, verdict.verify_s, rtt, list(verdict.path))
         # a round that drafted nothing says nothing of the draft's acceptance (depth 0: ignored)
         self.controller.observe_round(len(verdict.path), observed_depth(depth, left) if p_drafts else max(depth, 1),
                                       rec.cloud_s, decision.b_hat)
-        if self.policy.cost_aware:  # the only controller that prices the lookup chains and the root step
+        if self.policy.cost_aware:  # the only controller that prices the lookup chains
             self.controller.observe_lookup(*d.lookup_outlook())
-            self.controller.observe_pending(len(d.pending))
         # settled on the freshest acceptance, knowing the levels the kept branch supplies
         return plan.emitted, self.controller.next_depth(self.policy.proactive, d.levels)
 

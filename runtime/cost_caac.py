@@ -9,25 +9,15 @@ kept, and it is kept far more often after a fully accepted round::
 
     depth* = argmax_{D in [max(min_depth, r), max_depth]}  (1 + sum_{d=1..D} P(reach d))
                                                   / (draft(D, r) + RTT + V(n(D)) - saved(D))
-    draft(D, r) = sigma * sum_{l=r..D-1} tau_hat(T_l),   T_0 = pending (the root step), T_l = width (frontier)
+    draft(D, r) = sigma * sum_{l=r..D-1} tau_hat(T_l),   T_0 = 1 (the root step), T_l = width (frontier)
     sigma       = ESR while CAAC's gate is shut (eta < 1), else 1     (the contended step cost)
     saved(D)    = (P(reach D) k_full' + (1 - P(reach D)) k_part) (1 - P_lookup(D + 1))
                   * min(RTT + V(n(D)), draft(D, 0))          (proactive policies; 0 otherwise)
     k_full'     = k_full where the branch gate lets a second wave run (2 s <= T), else 0
     L = clamp(depth*, min_depth, max_depth)
 
-``pending`` is the tokens the root step feeds (``observe_pending``: the verdict's path past the
-levels the draft fed, its bonus, and what undrafted rounds left): one or two after a drafted
-round, 10-17 after a round a lookup chain carried. Priced as one token, a root step after a copy
-round cost 0.05-0.13 s where the model said ~0.04 (the int4 draft, AMX class, oasst at 128
-tokens), so depth 1 beside a 16-node chain looked within the 25 % margin of the chain alone and
-was drafted, for no token. A round that drafts nothing feeds them beside the verify instead
-(the catch-up, below).
-
 ``P(reach d)``, ``V`` (the cloud's verify curve from ``Ready``, refreshed by each verdict's
-``verify_s``), ``n(D)`` (the tree a depth sends: its draft nodes plus the lookup chains the
-next tree carries, at most the budget; ``LinkCost.tree_nodes``), ``RTT`` (verdict arrival - send -
-verify_s) and the kept-branch rates
+``verify_s``), ``n(D)``, ``RTT`` (verdict arrival - send - verify_s) and the kept-branch rates
 ``k_full`` / ``k_part`` are the estimates of :mod:`rapid.runtime.cost_model`; ``tau_hat(T)`` is
 the uncontended per-size step baseline of :mod:`rapid.runtime.step_cost` (piecewise linear
 between the sizes seen). ``saved`` charges the next round's saving to the round whose outcome
@@ -170,12 +160,10 @@ def choose_depth(reach: Sequence[float], draft_s: Sequence[float], verify_s: Seq
     return best, rates
 
 
-def draft_seconds(step_s: dict[int, float], width: int, max_depth: int, reused: int,
-                  root_tokens: int = 1) -> list[float] | None:
+def draft_seconds(step_s: dict[int, float], width: int, max_depth: int, reused: int) -> list[float] | None:
     """``draft(D, reused)`` for D = 0..max_depth from the per-size step baselines ``{T: seconds}``
-    (interpolated; None when empty): ``sum_{l=reused..D-1} tau(T_l)``, T_0 = ``root_tokens`` (the
-    pending tokens the first step feeds), T_l = width."""
-    root, frontier = interpolate(max(1, root_tokens), step_s), interpolate(width, step_s)
+    (interpolated; None when empty): ``sum_{l=reused..D-1} tau(T_l)``, T_0 = 1, T_l = width."""
+    root, frontier = interpolate(1, step_s), interpolate(width, step_s)
     if root is None or frontier is None:
         return None
     root, frontier = max(root, 0.0), max(frontier, 0.0)
@@ -197,25 +185,19 @@ class CostAwareCAAC(CAAC):
         self._branch = BranchYield(self.cost.alpha_reach)
         self._lookup: tuple[list[float], int] = ([], 0)  # the lookup-only tree a round would send
         # now: (P(its chains reach level k) for k = 1.., nodes)
-        self._pending = 1  # tokens the next tree's first step feeds (observe_pending)
         self._undrafted = 0  # rounds in a row sent without a draft step
         self._probe_every = self.cost.max_undrafted  # undrafted rounds allowed before one drafts
         self._after_probe = False  # the last round drafted because _probe_every ran out
 
     def new_request(self) -> None:
         super().new_request()
-        self._lookup, self._undrafted, self._pending = ([], 0), 0, 1
+        self._lookup, self._undrafted = ([], 0), 0
         self._reach.carry(self.cost.request_rounds)  # the last request's reach: a prior (module docstring)
 
     def observe_lookup(self, reach: Sequence[float], nodes: int) -> None:
         """The prompt-lookup chains the next tree would carry: P(they reach level k), k = 1..
         (``Drafter.lookup_outlook``), and their node count."""
         self._lookup = ([min(1.0, max(0.0, float(x))) for x in reach], max(0, int(nodes)))
-
-    def observe_pending(self, tokens: int) -> None:
-        """The tokens the next tree's first step feeds: the verdict's path past the fed levels and
-        its bonus, and what undrafted rounds left (``Drafter.pending``)."""
-        self._pending = max(1, int(tokens))
 
     # ---- what the cloud and the link report -----------------------------------------------
     def observe_cloud(self, curve_nodes: Sequence[int], curve_s: Sequence[float], budget: int,
@@ -225,13 +207,12 @@ class CostAwareCAAC(CAAC):
         self.costs.link.budget, self.costs.link.width = max(0, int(budget)), max(1, int(width))
 
     def observe_verdict(self, depth: int, nodes: int, verify_s: float, rtt_s: float | None,
-                        accepted: int | None = None, hit: bool | None = None, chain_nodes: int = 0) -> None:
-        """A verdict for a tree of ``depth`` levels and ``nodes`` nodes (``chain_nodes`` of them on
-        prompt-lookup chains): its ``verify_s``, the link's share of the wait (arrival - send -
-        verify_s) and, when a proactive branch ran, whether it was kept (``hit``) after ``accepted``
-        of ``depth`` levels."""
+                        accepted: int | None = None, hit: bool | None = None) -> None:
+        """A verdict for a tree of ``depth`` levels and ``nodes`` nodes: its ``verify_s``, the
+        link's share of the wait (arrival - send - verify_s) and, when a proactive branch ran,
+        whether it was kept (``hit``) after ``accepted`` of ``depth`` levels."""
         self.costs.verify.observe(int(nodes), float(verify_s))
-        self.costs.link.observe(int(depth), int(nodes), rtt_s, int(chain_nodes))
+        self.costs.link.observe(int(depth), int(nodes), rtt_s)
         self._count_undrafted(depth)
         full = accepted is not None and accepted >= depth
         if hit is not None and accepted is not None and not carried_by_chain(accepted, depth) \
@@ -264,11 +245,12 @@ class CostAwareCAAC(CAAC):
         drafting by ``margin`` (default ``skip_margin``); None while a cost is unknown."""
         c, link = self.config, self.costs.link
         table = {t: sigma * s for t, s in self._phys.baseline.classes().items()}
-        steps = draft_seconds(table, link.width, c.max_depth, max(0, reused), self._pending)
+        steps = draft_seconds(table, link.width, c.max_depth, max(0, reused))
         if steps is None or link.rtt is None or self.costs.verify.predict(1) is None:
             return None
         chains, nodes = self._lookup
-        verify = [self.costs.verify.predict(link.tree_nodes(d, nodes)) or 0.0 for d in range(c.max_depth + 1)]
+        verify = [self.costs.verify.predict(nodes) or 0.0] + [
+            self.costs.verify.predict(link.tree_nodes(d)) or 0.0 for d in range(1, c.max_depth + 1)]
         reach = self._reach.reach()
         if proactive:  # the critical path less the expected saving of a kept branch (docstring)
             whole = draft_seconds(table, link.width, c.max_depth, 0) or steps

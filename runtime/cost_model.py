@@ -54,17 +54,8 @@ test cloud reports). ``alpha_verify = 0.2``: about 5 verdicts of memory per size
 Round-trip time and tree size (``LinkCost``)::
 
     RTT  <- EMA(arrival - send - verify_s) at alpha_rtt     (the link's part of a round)
-    n(D) <- EMA(the draft's nodes in a round that drafted D levels: tree nodes - chain nodes)
-            at alpha_rtt; unseen D: n(D) = min(budget, n(D') * D / D') for the nearest seen D',
-            else min(budget, width * D)
-    nodes sent at depth D with c chain nodes ahead = min(budget, n(D) + c)    (``tree_nodes(D, c)``)
-
-The prompt-lookup chains join every tree, so the tree a depth sends is its draft nodes plus the
-chains, and a depth is priced at that size. Learnt from whole trees, chains included, n(D) read
-as the mean over rounds with and without a chain, while a round that drafts nothing was priced at
-its chain's full size: on copy text (oasst, wikitext at 128 tokens, the AMX class) rapid-cost chose
-depth 1 beside 15-node chains, priced at ~3 nodes against 15 for the chain alone, and the step it
-drafted (0.05-0.13 s on a ~0.3 s round) added no token: 5.5 % of its oasst time.
+    n(D) <- EMA(tree nodes of a round that drafted D levels) at alpha_rtt; unseen D:
+            n(D) = min(budget, n(D') * D / D') for the nearest seen D', else min(budget, width * D)
 
 ``alpha_rtt = 0.3`` as CAAC's ``alpha_cloud`` (RTT jitter smoothed over ~3 rounds).
 
@@ -263,33 +254,25 @@ class LinkCost:
         self.budget = 0  # 0 = not told
         self.width = 1
 
-    def observe(self, depth: int, nodes: int, rtt_s: float | None, chain_nodes: int = 0) -> None:
-        """One verdict: the link's share of its wait, and (``depth`` >= 1) its tree's draft nodes:
-        ``nodes`` less the ``chain_nodes`` on prompt-lookup chains."""
+    def observe(self, depth: int, nodes: int, rtt_s: float | None) -> None:
         if rtt_s is not None and math.isfinite(rtt_s):
             r = max(0.0, rtt_s)
             self.rtt = r if self.rtt is None else self.rtt + self.alpha * (r - self.rtt)
         if depth >= 1 and nodes >= 0:
-            n = max(0, nodes - max(0, chain_nodes))
             old = self.nodes.get(depth)
-            self.nodes[depth] = float(n) if old is None else old + self.alpha * (n - old)
+            self.nodes[depth] = float(nodes) if old is None else old + self.alpha * (nodes - old)
 
-    def tree_nodes(self, depth: int, chain_nodes: float = 0.0) -> float:
-        """The nodes a depth-``depth`` tree sends with ``chain_nodes`` on lookup chains: ``n(depth)``
-        (measured, else scaled from the nearest measured depth, else width * depth) plus the
-        chains, at most the budget; the chains alone at depth 0."""
-        cap = float(self.budget) if self.budget > 0 else math.inf
-        chains = max(0.0, float(chain_nodes))
+    def tree_nodes(self, depth: int) -> float:
+        """``n(depth)``: measured, else scaled from the nearest measured depth, else width * depth."""
         if depth <= 0:
-            return min(cap, chains)
+            return 0.0
+        cap = float(self.budget) if self.budget > 0 else math.inf
         if depth in self.nodes:
-            own = self.nodes[depth]
-        elif self.nodes:
+            return self.nodes[depth]
+        if self.nodes:
             near = min(self.nodes, key=lambda d: (abs(d - depth), d))
-            own = self.nodes[near] * depth / near
-        else:
-            own = float(self.width * depth)
-        return min(cap, own + chains)
+            return min(cap, self.nodes[near] * depth / near)
+        return min(cap, float(self.width * depth))
 
 
 @dataclass(slots=True)

@@ -208,53 +208,6 @@ def test_without_load_only_chains_that_carry_the_round_send_it_undrafted():
     assert ctrls[0].next_depth(True).depth >= 1 and ctrls[1].next_depth(True).depth == 0
 
 
-def test_a_drafted_depth_is_priced_with_the_chains_its_tree_carries():
-    """The lookup chains join every tree, so depth 1 beside a 15-node chain sends ~17 nodes, not
-    the ~2 of a tree without one. A verify curve with a slope (0.008 s a node, a bf16 CPU past its
-    flat part): priced at 2 nodes, the step that adds one level tied the chain-only round and was
-    drafted, adding 0.1 s for ~0.1 token (copy text at 128 tokens on the AMX class: 5.5 % of
-    rapid-cost's oasst time); priced at 17 nodes, the chain goes alone."""
-    p, s, v, rtt = 0.9, 0.1, (lambda n: 0.25 + 0.008 * n), 0.03
-    ctrl = CostAwareCAAC()
-    drive(ctrl, p, s, v, rtt, rounds=60, budget=32)  # no chains: learns n(D), the steps, the curve
-    ctrl.observe_verdict(1, 17, v(17), rtt, accepted=15, chain_nodes=15)  # a chain carried a round
-    ctrl.observe_lookup([0.9 ** k for k in range(1, 16)], 15)
-    depth, rates = ctrl.cost_depth(0, True, undrafted=True, margin=CostConfig().open_skip_margin)
-    link, curve = ctrl.costs.link, ctrl.costs.verify
-    assert link.tree_nodes(1) == pytest.approx(2.0, abs=0.5)  # the draft's own nodes, chain left out
-    reach1 = ctrl._reach.reach()[0]
-    gain1 = 1 + (1 - 0.1 * (1 - reach1)) + sum(0.9 ** k for k in range(2, 16))  # level 1: draft or chain
-    round1 = gain1 / rates[1]  # the round time depth 1 was priced at (no branch was ever kept here)
-    assert round1 - rtt == pytest.approx(curve.predict(link.tree_nodes(1) + 15) + s, rel=0.06)  # (step ±5 %)
-    assert depth == 0 and ctrl.next_depth(True).depth == 0
-
-
-def test_the_root_step_is_priced_at_the_tokens_it_feeds():
-    """After a round a lookup chain carried, the first step feeds the whole accepted stretch and
-    its bonus (16 tokens here, 2.5x a 1-token step on the row kernels): depth >= 1 pays that on
-    the critical path, depth 0 feeds them beside the verify."""
-    assert draft_seconds({1: 0.04, 16: 0.10}, width=2, max_depth=2, reused=0, root_tokens=16) == \
-        pytest.approx([0.0, 0.10, 0.144])  # (a 2-token frontier step: 0.044, interpolated)
-    assert draft_seconds({1: 0.04, 16: 0.10}, width=2, max_depth=2, reused=1, root_tokens=16) == \
-        pytest.approx([0.0, 0.0, 0.044])  # a kept branch fed it
-    p, s, v, rtt = 0.9, 0.04, (lambda n: 0.25 + 0.002 * n), 0.01
-    ctrl = CostAwareCAAC()
-    drive(ctrl, p, s, v, rtt, rounds=60, budget=32)
-    for _ in range(8):
-        ctrl.observe_step(0.10, 16)  # the catch-ups and root steps after copy rounds
-    ctrl.observe_lookup([0.92 ** k for k in range(1, 17)], 16)
-    ctrl.observe_pending(1)
-    one = ctrl.cost_depth(0, True, undrafted=True, margin=CostConfig().open_skip_margin)
-    ctrl.observe_pending(17)
-    many = ctrl.cost_depth(0, True, undrafted=True, margin=CostConfig().open_skip_margin)
-    assert one[1][0] == many[1][0] and many[1][1] < one[1][1]  # only the drafted depths pay it
-    assert one[0] >= 1 and many[0] == 0  # here it decides: the chain goes alone
-    ctrl.new_request()  # a new request's root step feeds its prompt's last token
-    ctrl.observe_lookup([0.92 ** k for k in range(1, 17)], 16)
-    fresh = ctrl.cost_depth(0, True, undrafted=True, margin=CostConfig().open_skip_margin)
-    assert fresh[1][1] > many[1][1]
-
-
 def test_depth_follows_the_round_trip():
     p, s, v, _ = REGIMES["cellular"]
     lan = drive(CostAwareCAAC(), p, s, v, 0.002)[100:]

@@ -130,20 +130,6 @@ def test_link_cost_rtt_ema_and_tree_size_per_depth():
     assert link.tree_nodes(4) == 8  # 12, capped
 
 
-def test_link_cost_learns_the_drafts_nodes_apart_from_the_chains_and_adds_the_next_trees():
-    """A tree is its draft nodes plus the lookup chains: n(D) is learnt without the chains, and a
-    depth is priced with the chains the next tree carries, as the undrafted tree (depth 0) is."""
-    link = LinkCost(alpha=1.0)
-    link.budget, link.width = 32, 2
-    link.observe(1, 17, 0.03, chain_nodes=15)  # depth 1 beside a 15-node chain
-    assert link.tree_nodes(1) == 2.0  # the draft's own nodes
-    assert link.tree_nodes(1, 15) == 17.0 and link.tree_nodes(0, 15) == 15.0 and link.tree_nodes(0) == 0.0
-    assert link.tree_nodes(2, 15) == 19.0  # scaled from depth 1, plus the chain
-    assert link.tree_nodes(1, 40) == 32.0  # at most the budget
-    link.observe(1, 3, 0.03, chain_nodes=0)  # a round without a chain
-    assert link.tree_nodes(1) == 3.0
-
-
 def test_config_is_validated():
     for bad in (dict(p0=1.0), dict(prior_weight=0), dict(alpha_reach=0), dict(alpha_rtt=1.5),
                 dict(alpha_verify=float("nan")), dict(p0=True), dict(request_rounds=-1.0)):
