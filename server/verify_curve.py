@@ -3,14 +3,14 @@
 ``rapid doctor`` prints it for the loaded target and ``rapid.runtime`` defaults follow its
 shape: where verifying T = 8 or 16 tokens costs about one step (bf16 on a CPU with native bf16,
 a GPU), a wide tree is nearly free; where cost grows with T (fp32 on a CPU), it is not. Each T
-is timed ``repeats`` times on a fresh chain of T tokens; the median is reported.
+is timed ``repeats`` times on a fresh chain of T tokens, the sizes interleaved; the median is reported.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,22 +29,29 @@ class CurvePoint:
 
 
 def measure_curve(model: Decoder, tokens: Sequence[int] = CURVE_TOKENS, prefix: int = 128,
-                  repeats: int = 3, seed: int = 0) -> list[CurvePoint]:
-    """Median ms of one tree forward of ``T`` tokens after a ``prefix``-token prompt, per T."""
+                  repeats: int = 3, seed: int = 0,
+                  clock: Callable[[], float] = time.perf_counter) -> list[CurvePoint]:
+    """Median ms of one tree forward of ``T`` tokens after a ``prefix``-token prompt, per T.
+
+    The sizes are timed in interleaved passes (a warm-up pass, then ``repeats`` passes, each
+    timing every T once), so a slow stretch of the machine (another process, a frequency dip)
+    lands on one pass of every size, which the median drops, not on every sample of one size:
+    timed size after size, one such stretch read T=16 as 361 ms against 250 and halved
+    ``--budget auto`` (AMX class, 12-07)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     rng = np.random.default_rng(seed)
     prompt = [int(x) for x in rng.integers(0, model.config.vocab_size, prefix)]
     session = TargetSession(model, prompt, SamplingParams(), capacity=prefix + max(tokens) + 8,
                             max_nodes=max(tokens))
-    out = []
-    for t in tokens:
-        chain = [int(x) for x in rng.integers(0, model.config.vocab_size, t - 1)]
-        times = []
-        for _ in range(repeats + 1):  # the first run warms up
-            t0 = time.perf_counter()
-            session.logits(session.forward_tree(chain, list(range(-1, t - 2))))  # changes nothing; waits for a GPU
-            times.append((time.perf_counter() - t0) * 1000)
-        out.append(CurvePoint(t, statistics.median(times[1:])))
-    return out
+    chains = {t: [int(x) for x in rng.integers(0, model.config.vocab_size, t - 1)] for t in tokens}
+    times: dict[int, list[float]] = {t: [] for t in tokens}
+    for _ in range(repeats + 1):  # the first pass warms up
+        for t in tokens:
+            t0 = clock()
+            session.logits(session.forward_tree(chains[t], list(range(-1, t - 2))))  # changes nothing; waits for a GPU
+            times[t].append((clock() - t0) * 1000)
+    return [CurvePoint(t, statistics.median(times[t][1:])) for t in tokens]
 
 
 FLAT_TOLERANCE = 1.2  # "flat": a tree forward costs at most 1.2 one-token steps

@@ -46,12 +46,42 @@ def test_measure_curve_times_every_size(tiny_pair):
     assert 1 <= measured_flat_nodes(target, "tree") <= 31
 
 
+class StretchClock:
+    """A clock under which every forward takes ``step`` seconds, except the forwards (numbered in
+    the order they run) in ``slow``, which take ``slow_step``: the machine slowed for a stretch."""
+
+    def __init__(self, slow: range, step: float = 0.1, slow_step: float = 0.3) -> None:
+        self.slow, self.step, self.slow_step = slow, step, slow_step
+        self.calls, self.now = 0, 0.0
+
+    def __call__(self) -> float:
+        i, self.calls = self.calls, self.calls + 1
+        if i % 2:  # the second reading of forward i // 2
+            self.now += self.slow_step if i // 2 in self.slow else self.step
+        return self.now
+
+
+def test_a_slow_stretch_lands_on_one_pass_not_on_one_size(tiny_pair):
+    """Three slow forwards in a row, right after the warm-up: timed size after size, they were all
+    of T=2's samples (its median 300 ms, the curve not flat past T=1); interleaved, they are one
+    sample of three sizes, and every median stays 100 ms."""
+    target, _ = tiny_pair
+    sizes = (1, 2, 4, 8)
+    clock = StretchClock(slow=range(len(sizes) + 1, len(sizes) + 4))
+    points = measure_curve(target, sizes, prefix=16, repeats=3, clock=clock)
+    assert clock.calls == 2 * len(sizes) * 4
+    assert [p.ms for p in points] == pytest.approx([100.0] * len(sizes))
+    assert flat_nodes(points) == 7
+    with pytest.raises(ValueError, match="repeats"):
+        measure_curve(target, sizes, prefix=16, repeats=0)
+
+
 def test_the_start_up_curve_travels_in_ready_as_nodes_and_microseconds(tiny_pair):
     target, _ = tiny_pair
     assert wire_curve(curve((1, 14.0), (8, 14.6), (32, 23.0004))) == ([0, 7, 31], [14000, 14600, 23000])
     assert startup_curve(target, "sequential") == []  # no tree forward, no curve
     points = startup_curve(target, "tree")
-    assert [p.tokens for p in points] == [1, 4, 8, 16, 32]
+    assert [p.tokens for p in points] == [1, 4, 8, 16, 17, 24, 32]
     assert measured_flat_nodes(target, "tree", points) == flat_nodes(points)
     assert measured_flat_nodes(target, "tree", []) == 0
 
