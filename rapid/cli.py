@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     doc = _add(sub, "doctor", help="print what this machine can run")
     doc.add_argument("--target", help="also load this target (e.g. default-target) and measure its verify curve "
-                     "(ms at T = 1, 2, 4, 8, 16, 32) in the auto dtype and in float32, and its verify mode")
+                     "(ms at T = 1 to 32 tree tokens) in the auto dtype and in float32, and its verify mode")
     return ap
 
 

@@ -29,10 +29,6 @@ from rapid.server.verify_curve import (
 )
 
 log = logging.getLogger("rapid.server")
-# the verify-curve points measured at start-up: both sides of a 16-row block, where kernels step
-# (AMX tiles: T=16 250 ms, T=17 279, flat again to 32, then T=33 512; AMX class, 12-07)
-FLAT_PROBE_TOKENS = (1, 4, 8, 16, 17, 24, 32)
-FLAT_PROBE_REPEATS = 3  # interleaved passes over them (the median drops one slow pass)
 
 
 def load_target(spec: str, dtype: str = "auto", threads: int = 1, device: str = "auto"):
@@ -81,12 +77,12 @@ def choose_verify_mode(model, requested: str = "auto", context: int = DEFAULT.ma
 
 
 def startup_curve(model, mode: str) -> list[CurvePoint]:
-    """The verify curve measured at start-up (``FLAT_PROBE_TOKENS``), told to edges in Ready: the
+    """The verify curve measured at start-up (``verify_curve.CURVE_TOKENS``), told to edges in Ready: the
     tree budget (``--budget auto``) and the cost-aware depth policy follow it; [] in sequential mode
     (no tree forward)."""
     if mode != "tree":
         return []
-    points = measure_curve(model, FLAT_PROBE_TOKENS, prefix=64, repeats=FLAT_PROBE_REPEATS)
+    points = measure_curve(model)
     log.info("verify curve %s: flat (<= %.1fx a step) up to %d tree nodes", curve_line(points), FLAT_TOLERANCE,
              flat_nodes(points))
     return points

@@ -19,7 +19,12 @@ from rapid.core.sampling import SamplingParams
 from rapid.modeling import Decoder
 from rapid.server.target import TargetSession
 
-CURVE_TOKENS = (1, 2, 4, 8, 16, 32)
+# the sizes timed (``rapid serve`` at start-up, ``rapid doctor``): both sides of a 16-row block,
+# where kernels step (AMX tiles: T=16 250 ms, T=17 279, flat again to 32, then T=33 512; AMX
+# class, 12-07; interpolated 16 -> 32, the flat size read 16-22 nodes by run, 15 with T=17)
+CURVE_TOKENS = (1, 4, 8, 16, 17, 24, 32)
+CURVE_PREFIX = 64  # prompt tokens before the tree
+CURVE_REPEATS = 3  # interleaved passes (the median drops one slow pass)
 
 
 @dataclass(slots=True, frozen=True)
@@ -28,8 +33,8 @@ class CurvePoint:
     ms: float  # median forward time
 
 
-def measure_curve(model: Decoder, tokens: Sequence[int] = CURVE_TOKENS, prefix: int = 128,
-                  repeats: int = 3, seed: int = 0,
+def measure_curve(model: Decoder, tokens: Sequence[int] = CURVE_TOKENS, prefix: int = CURVE_PREFIX,
+                  repeats: int = CURVE_REPEATS, seed: int = 0,
                   clock: Callable[[], float] = time.perf_counter) -> list[CurvePoint]:
     """Median ms of one tree forward of ``T`` tokens after a ``prefix``-token prompt, per T.
 
