@@ -28,6 +28,9 @@ def curve(*pairs):
     (curve((1, 431), (2, 803), (4, 818), (8, 883)), 1),  # fp32 here: T=2 already costs 1.9 steps
     (curve((1, 10), (8, 10.5), (16, 11), (32, 12)), 31),  # a GPU: flat as far as measured
     (curve((1, 100), (4, 110), (8, 150)), 4),  # crosses between 4 (1.1x) and 8 (1.5x): T = 5
+    (curve((1, 229), (4, 234), (8, 241), (16, 250), (17, 279), (24, 290), (32, 315)), 15),  # AMX: a
+    # second 16-row tile at T = 17 (1.22x); without the T = 17 point, 16 -> 24 read as a ramp: 19
+    (curve((1, 229), (4, 234), (8, 241), (16, 250), (24, 290), (32, 315)), 19),
 ])
 def test_flat_nodes_follows_the_curve(points, want):
     assert flat_nodes(points) == want
