@@ -145,6 +145,15 @@ class Calibration:
         where untraced)."""
         return min(float(levels), self.reused_by_policy.get(policy or "", {}).get(steps, float(steps)))
 
+    def steps_for(self, levels: int, policy: str | None = None) -> int:
+        """Branch steps to supply ``levels`` levels: the fewest ``s`` with ``reused(s) >= levels``.
+        The runtime's branch runs until its best root has the levels it aims at
+        (``Coordinator._branch``), and a root of the second wave gets its first level from the
+        branch's second step, so a traced policy needs more steps than levels."""
+        traced = self.reused_by_policy.get(policy or "", {})
+        bound = max(levels, max(traced, default=0)) + 1
+        return next((s for s in range(bound) if self.reused(s, levels, policy) >= levels), bound)
+
     def reach(self, p: int) -> int:
         """Levels a prompt-lookup chain offers at replay position ``p`` (0: none)."""
         return self.lookup_reach[p % len(self.lookup_reach)] if self.lookup_reach else 0
@@ -363,10 +372,17 @@ def _levels_by_policy(by_run: dict[tuple, list[dict]]) -> dict[str, dict[int, fl
                        statistics.median)
 
 
+def fully_accepted(accepted: int, depth: int) -> bool:
+    """A verdict that accepted every level the round planned (``depth`` >= 1), whether or not it went
+    on into a lookup chain below them: the split of the kept-branch rates, in the calibration and
+    in the simulator alike (the branch then roots below the leaves, in its second wave)."""
+    return depth > 0 and accepted >= depth
+
+
 def _hit_rates(branched: list[dict], default: float) -> tuple[float, float]:
     """Hit rates after fully / partly accepted rounds (the pooled rate where fewer than 3)."""
-    full = [bool(r["proactive_hit"]) for r in branched if r["accepted"] >= r["depth"]]
-    part = [bool(r["proactive_hit"]) for r in branched if r["accepted"] < r["depth"]]
+    full = [bool(r["proactive_hit"]) for r in branched if fully_accepted(r["accepted"], r["depth"])]
+    part = [bool(r["proactive_hit"]) for r in branched if not fully_accepted(r["accepted"], r["depth"])]
     allh = full + part
     base = sum(allh) / len(allh) if allh else default
     return (sum(full) / len(full) if len(full) >= 3 else base, sum(part) / len(part) if len(part) >= 3 else base)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import heapq
 
-from rapid.bench.calibration import Calibration
+from rapid.bench.calibration import Calibration, fully_accepted
 from rapid.bench.sim_branch import VerifyWindow, draw_count, run_branch, run_catch_up
 from rapid.runtime.depth_control import observed_depth, round_depth
 
@@ -125,7 +125,7 @@ class Cloud:
         depth, t_send = p["depth"], p["t_send"]
         cap = e.sent_levels(depth, p["levels"])
         a = e.run_len(e.pos, cap)
-        full = depth > 0 and a >= cap
+        full = fully_accepted(a, depth)  # as calibrated: a chain below the planned levels does not count
         hit = e.hit(e.pos + a, full)
         may_end = cap + 1 >= e.target - e.pos  # the verdict may end the generation (BranchGate)
         e.reused = 0

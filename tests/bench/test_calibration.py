@@ -254,3 +254,30 @@ def test_a_kept_branch_supplies_the_levels_traced_for_its_steps(cal):
     traced = replace(cal, reused_by_policy={"ipdg": {k: 0.0 for k in range(1, 9)}})
     free = _sim("ipdg", replace(cal, reused_by_policy={}))
     assert free.hits > 0 and _sim("ipdg", traced).draft_steps > free.draft_steps
+
+
+def test_a_branch_runs_until_its_root_has_the_levels_it_aims_at(cal):
+    """The runtime's branch stops once its best root has the levels the controller asked for
+    (``Coordinator._branch``), and a root of the second wave gets its first level from the second
+    step: where 3 steps supplied 2.0 levels, 2 levels take 3 steps, not 2 (the sim ran 2, and its
+    kept branches on humaneval handed over 2.7 levels against 3.9 measured, `amx-vsar128-curve`)."""
+    fit = replace(cal, reused_by_policy={"rapid": {1: 0.3, 2: 1.1, 3: 2.0, 4: 3.1}})
+    assert [fit.steps_for(n, "rapid") for n in range(5)] == [0, 2, 3, 4, 5]  # 5: past the traced steps
+    assert fit.steps_for(3, "fixed") == 3  # untraced: a level a step
+    never = replace(cal, reused_by_policy={"rapid": {k: 0.0 for k in range(1, 9)}})
+    assert never.steps_for(2, "rapid") == 9  # bounded: past the table, a level a step
+
+
+def test_kept_rates_are_split_as_the_simulator_reads_them():
+    """A verdict that accepted every planned level and went on into a lookup chain is a fully
+    accepted round for the kept-branch rates, in the calibration and in the simulator (which
+    called it partial, and read the partial rate, 0.32 against 0.91 on humaneval)."""
+    from rapid.bench import sim_cloud
+
+    assert calibration.fully_accepted(4, 4) and calibration.fully_accepted(9, 4)
+    assert not calibration.fully_accepted(3, 4) and not calibration.fully_accepted(0, 0)
+    assert sim_cloud.fully_accepted is calibration.fully_accepted
+    rows = [_row(i, policy="ipdg", accepted=6, proactive_steps=2, proactive_hit=True) for i in range(1, 5)] + \
+        [_row(i, policy="ipdg", accepted=2, proactive_steps=2, proactive_hit=False) for i in range(5, 9)]
+    fit = calibrate(rows, [], {})
+    assert fit.p_hit_full == 1.0 and fit.p_hit_part == 0.0
