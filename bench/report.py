@@ -18,6 +18,7 @@ from rapid.bench.peer_report import ceiling_lines, peer_lines, peer_tok_s_lines
 from rapid.bench.plots import make_plots
 from rapid.bench.policy_targets import target_lines
 from rapid.bench.round_time import round_time_lines
+from rapid.bench.stalls import stall_lines
 from rapid.bench.traces import read_jsonl, read_meta, read_rounds, read_runs
 from rapid.runtime.edge_config import DEFAULT as EDGE_DEFAULT
 
@@ -189,6 +190,7 @@ def write_report(folder: str | Path, plots: bool = True) -> dict[str, Path]:
         files.update(make_plots(folder, rows, rounds, meta))
     same, checked = lossless_check(runs)
     L = _setup_lines(meta, same, checked)
+    L += stall_lines(rounds)
     L += _result_lines(rows, rat)
     L += target_lines(rows, EDGE_DEFAULT.policy, runs)
     L += first_token_lines(runs, rounds)
