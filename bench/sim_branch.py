@@ -57,11 +57,11 @@ def run_branch(e, t_send: float, t_arr: float, a: int, depth: int, landed: int |
     else:
         want = e.oracle_branch  # the planned branch length
     levels = want  # the levels the branch aims at: all a kept branch supplies
-    if not e.oracle:  # the runtime runs until its root has them (Coordinator._branch)
-        want = e.cal.steps_for(levels, pol.name)
     if not pol.interruptible and pol.name in e.cal.branch_steps_by_policy and not e.oracle:
         # as traced: it runs them all, whatever the verdict
         want = draw_count(e.rng, e.cal.branch_steps_by_policy[pol.name])
+    elif not e.oracle:  # the runtime runs until its root has them (Coordinator._branch)
+        want = e.cal.steps_for(levels, pol.name)
     waves = WAVES if not gated or e.gate.second_wave(0.0) else 1  # as the coordinator
     if landed is not None and landed >= waves:  # a leaf's outcome: no root of its wave was chosen
         landed, hit = None, False
