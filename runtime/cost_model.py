@@ -40,12 +40,15 @@ Verify time by tree size (``VerifyCurve``). The start-up curve ``C`` from the cl
 
     M[n] <- M[n] + alpha_verify * (verify_s - M[n])     (a first sample at n: M[n] = verify_s)
     V(x) = C(x)                                 no verdict yet
-         = M(x)                                 lo <= x <= hi  (lo, hi = smallest / largest n in M)
-         = M[e] * C(x) / C(e)                   outside, e = the nearer of lo, hi (C's shape, M's level)
-         = M(x)                                 outside, without a start-up curve
+         = C(x) * r(x)                          r(n) = M[n] / C(n) at the sizes n in M, piecewise
+                                                linear between them, flat outside (the nearer one)
+         = M(x)                                 without a start-up curve
     (C(x), M(x): piecewise linear over their points, the end segments extended, flat with one point)
 
-So a verdict's size never reads as a dip in a curve measured by another clock: ``verify_s``
+So the curve keeps its start-up shape between the sizes the verdicts measured, at their level: a
+step where the kernels change tile (AMX: T=16 250 ms, T=17 279, flat to 32) stays a step where
+a line through verdicts at 14 and 31 nodes would price 16-20 nodes below their cost. And a
+verdict's size never reads as a dip in a curve measured by another clock: ``verify_s``
 includes the acceptance walk and the cloud's batching and load, the start-up forward does not,
 and the two can differ by a factor (a tiny test model verifies in 1-2 ms against the 20 ms a
 test cloud reports). ``alpha_verify = 0.2``: about 5 verdicts of memory per size. At most
@@ -231,14 +234,16 @@ class VerifyCurve:
     def predict(self, nodes: float) -> float | None:
         """``V(nodes)``, or None while neither curve has a point."""
         m, c = self.measured, self.startup
-        if not m:
-            v = interpolate(nodes, c)
-        elif min(m) <= nodes <= max(m) or not c:
-            v = interpolate(nodes, m)
+        if not m or not c:
+            v = interpolate(nodes, c or m)
         else:
-            e = min(m) if nodes < min(m) else max(m)
-            ce = interpolate(e, c) or 0.0
-            v = m[e] * (interpolate(nodes, c) or 0.0) / ce if ce > 0 else m[e]
+            xs = sorted(m)
+            base = [interpolate(n, c) or 0.0 for n in xs]
+            if min(base) <= 0:  # a start-up curve extended below zero: its shape says nothing here
+                v = interpolate(nodes, m)
+            else:
+                x = min(max(nodes, xs[0]), xs[-1])
+                v = (interpolate(nodes, c) or 0.0) * interpolate_sorted(x, xs, [m[n] / b for n, b in zip(xs, base)])
         return None if v is None else max(v, 0.0)
 
 

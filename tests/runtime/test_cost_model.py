@@ -104,7 +104,8 @@ def test_verify_curve_takes_the_shape_from_ready_and_the_level_from_verdicts():
     v.observe(7, 0.0024)  # EMA at 0.5
     assert v.measured[7] == pytest.approx(0.002)
     v.observe(3, 0.0010)
-    assert v.predict(5) == pytest.approx(0.0015)  # between verdict sizes: the verdicts alone
+    r3, r7 = 0.0010 / 0.015, 0.002 / 0.016  # the verdicts' level against C at their sizes
+    assert v.predict(5) == pytest.approx(0.0155 * (r3 + r7) / 2)  # between them: C's shape, their level
     for bad in (float("nan"), -1.0, 0.0, float("inf")):
         v.observe(3, bad)
     assert v.measured[3] == pytest.approx(0.0010)
@@ -114,6 +115,20 @@ def test_verify_curve_takes_the_shape_from_ready_and_the_level_from_verdicts():
     w.observe(2, 0.01)
     w.observe(6, 0.03)
     assert w.predict(10) == pytest.approx(0.05)  # no start-up curve: the verdicts' line extended
+
+
+def test_verify_curve_keeps_the_start_up_step_between_verdict_sizes():
+    """AMX's 16-row tiles: flat to 15 nodes, a step at 16, flat again to 31. Verdicts at 14 and
+    31 nodes (on a machine 10 % slower today) must not price 16-20 nodes on a line between them."""
+    v = VerifyCurve()
+    v.start([0, 15, 16, 31], [0.229, 0.250, 0.279, 0.315])
+    c14 = 0.229 + 14 / 15 * (0.250 - 0.229)
+    v.observe(14, 1.1 * c14)
+    v.observe(31, 1.1 * 0.315)
+    assert v.predict(15) == pytest.approx(1.1 * 0.250)
+    assert v.predict(16) == pytest.approx(1.1 * 0.279)  # the step, at the verdicts' level
+    assert v.predict(18) > v.predict(15) + 0.02
+    assert v.predict(40) > v.predict(31)  # past the verdicts: C's shape extended, their level
 
 
 def test_link_cost_rtt_ema_and_tree_size_per_depth():
