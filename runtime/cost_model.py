@@ -242,8 +242,8 @@ class VerifyCurve:
             if min(base) <= 0:  # a start-up curve extended below zero: its shape says nothing here
                 v = interpolate(nodes, m)
             else:
-                x = min(max(nodes, xs[0]), xs[-1])
-                v = (interpolate(nodes, c) or 0.0) * interpolate_sorted(x, xs, [m[n] / b for n, b in zip(xs, base)])
+                level = [m[n] / b for n, b in zip(xs, base, strict=True)]
+                v = (interpolate(nodes, c) or 0.0) * interpolate_sorted(min(max(nodes, xs[0]), xs[-1]), xs, level)
         return None if v is None else max(v, 0.0)
 
 
