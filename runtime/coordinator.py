@@ -369,9 +369,8 @@ class Coordinator:
         # a round that drafted nothing says nothing of the draft's acceptance (depth 0: ignored)
         self.controller.observe_round(len(verdict.path), observed_depth(depth, left) if p_drafts else max(depth, 1),
                                       rec.cloud_s, decision.b_hat)
-        if self.policy.cost_aware:  # the only controller that prices the lookup chains, as the cut sends them
-            keep = (lambda s: self.cut.nodes(s, 0.0, [True] * len(s))) if d.params.cost_cut else None
-            self.controller.observe_lookup(*d.lookup_outlook(keep))
+        if self.policy.cost_aware:  # the only controller that prices the lookup chains
+            self.controller.observe_lookup(*d.lookup_outlook())
         # settled on the freshest acceptance, knowing the levels the kept branch supplies
         return plan.emitted, self.controller.next_depth(self.policy.proactive, d.levels)
 

@@ -231,16 +231,11 @@ class Drafter:
             raise DraftStateError("a round without a draft step needs a tree with no drafted level")
         self.tree, self._proposed = self._lookup_tree()
 
-    def lookup_outlook(self, keep: Callable[[list[float]], int] | None = None) -> tuple[list[float], int]:
+    def lookup_outlook(self) -> tuple[list[float], int]:
         """Of the tree ``lookup_round`` would send now: P(its chains carry the accepted path to
         level k) for k = 1.. (``TokenTree.level_mass``: each lookup token scores log
-        ``LookupStats.p``, the chains are disjoint), and its node count. ``keep``: how many of
-        its nodes (scores given) the send cut would keep; None: all."""
+        ``LookupStats.p``, the chains are disjoint), and its node count."""
         tree, _ = self._lookup_tree()
-        if keep is not None and len(tree) > 1:
-            n = keep(list(tree.score))
-            if n < len(tree):
-                tree.prune(max(1, n))
         return tree.level_mass(), len(tree)
 
     def _grow_branch(self, nodes: list[int], leaves: list[int] = ()) -> StepRecord:
