@@ -140,8 +140,7 @@ def target_rows(spec: str) -> list[tuple[str, str]]:
     model, _ = modeling.load_decoder(spec, getattr(torch, dtype))
     points = vc.measure_curve(model)
     rows = [(f"verify curve ({dtype}, 1 thread)", vc.curve_line(points) + f" ({vc.CURVE_PREFIX}-token prefix)"),
-            ("flat up to", f"{vc.flat_nodes(points)} tree nodes (--budget auto with --no-cost-cut; with the "
-                           f"cost cut up to {max(p.tokens for p in points) - 1}, priced on this curve)"),
+            ("flat up to", f"{vc.flat_nodes(points)} tree nodes (what --budget auto uses)"),
             ("memory roofline", vc.roofline_line(model, points[0].ms, vc.read_bandwidth_gbs())),
             ("verify mode", _verify_mode_line(invariance.check_invariance(model, serve_config.DEFAULT.max_context)))]
     if dtype != "float32":

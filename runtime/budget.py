@@ -8,8 +8,7 @@ D_i, the proactive branch D_{i+1} and their children, so a request needs
 An ``auto`` budget (a cap) shrinks to fit; a budget that still does not fit is ContextFullError.
 
 Cloud side, from its ``Ready`` (``settle_cloud``): an auto budget becomes
-``min(cap, max_nodes, max(AUTO_BUDGET_MIN, want))``, ``want`` the largest tree of the cloud's
-verify curve under the cost cut, else its flat size (``TreeParams.for_cloud``); an explicit
+``min(cap, max_nodes, max(AUTO_BUDGET_MIN, flat_nodes))`` (``TreeParams.for_cloud``); an explicit
 budget above the cloud's ``max_nodes`` is CloudError("limits"). The last round commits
 prompt + max_new − 1 tokens before its tree, so the cloud (prefix KV, root, nodes, bonus) needs
 
@@ -55,7 +54,7 @@ def settle_cloud(tree: TreeParams, ready: Ready, prompt_len: int, max_new: int, 
               fit: bool = False) -> tuple[TreeParams, int]:
     """(the session's tree, the max_new to generate) from the cloud's ``Ready``. With ``fit``,
     ``max_new`` is only an upper bound: it becomes ``min(max_new, capacity − len(prompt) − budget)``."""
-    tree = tree.for_cloud(ready.max_nodes, ready.flat_nodes, max(ready.curve_nodes, default=0))
+    tree = tree.for_cloud(ready.max_nodes, ready.flat_nodes)
     if drafting and ready.max_nodes < tree.budget:
         raise CloudError("limits", f"tree budget {tree.budget} exceeds the cloud's limit of "
                                    f"{ready.max_nodes} nodes per tree; lower --budget")

@@ -101,18 +101,15 @@ class EdgeConfig:
     # fixed without load (Zen 3, docs/results.md); rapid was fastest in 2 of 10
     policy: str = _opt("rapid-cost", "tree", "speculation policy", choices=tuple(POLICIES))
     depth: int = _opt(4, "tree", "tree depth (fixed policies) / initial depth (CAAC)")
-    budget: int | str = _opt("auto", "tree", "max tree nodes kept per round, or auto: the largest tree the "
-                             "cloud's measured verify curve spans (the cost cut sends only the nodes that pay "
-                             "for their verify time on it; with --no-cost-cut: as many as it verifies at about "
-                             f"one step's cost), at least {AUTO_BUDGET_MIN}", type=budget_arg)
+    budget: int | str = _opt("auto", "tree", "max tree nodes kept per round, or auto: as many as the cloud "
+                             f"verifies at about one step's cost (its measured verify curve), at least "
+                             f"{AUTO_BUDGET_MIN} (--min-p keeps unlikely nodes out)", type=budget_arg)
     topk: int = _opt(2, "tree", "tree children per expanded node (not sampling's --top-k)", "--children", "--topk")
     width: int = _opt(2, "tree", "nodes expanded per step (best first, at any depth)")
     # 16: vs-ar oasst 3.33 -> 3.75x ar (verdicts took whole 8-token chains in 40 % of its rounds), other
-    # sets 0.99-1.05x of 8; 24 no better at a budget of ~19 (Xeon with AMX, docs/results.md 2026-12-04
-    # night). 31, the auto budget's span under the cost cut: vs-ar at 128 tokens oasst +7-15 % per
-    # repeat (whole 15-node chains were accepted in 25 of 77 rounds; 20-31-node trees took 18-24
-    # tokens), c4 / wikitext within the spread (AMX, 12-07 ninth session); TreeParams keeps 8 for the tests
-    lookup: int = _opt(31, "tree", "prompt-lookup tokens merged into each tree at no draft step "
+    # sets 0.99-1.05x of 8; 24 no better (the verify is +25 % at 19 nodes here; Xeon with AMX,
+    # docs/results.md 2026-12-04 night); TreeParams keeps 8 for the tests' exact shapes
+    lookup: int = _opt(16, "tree", "prompt-lookup tokens merged into each tree at no draft step "
                        "(continuations of earlier matches of the last tokens, rapid.runtime.lookup); 0 = off")
     # with the auto budget's floor of 11 nodes: vs-ar bench median 1.83x vs 1.69x without (Zen 5,
     # bf16 row kernels); TreeParams itself has no floor (tests rely on exact shapes)

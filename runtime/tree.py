@@ -50,7 +50,7 @@ class TreeParams:
     budget: int = 16  # maximum nodes kept (with auto_budget: the cap)
     topk: int = 4  # children added per expanded node
     width: int = 4  # maximum nodes expanded (fed to the draft) per step
-    auto_budget: bool = False  # budget from the cloud's verify curve (``for_cloud``), capped by budget
+    auto_budget: bool = False  # budget = the cloud's flat verify size (Ready.flat_nodes), capped by budget
     coupled: bool = True  # under sampling, rank children by the target's noise (rapid.runtime.coupling)
     lookup: int = 8  # prompt-lookup continuation tokens merged into each tree (0 = none; rapid.runtime.lookup)
     lookup_branches: int = 2  # distinct continuations per tree
@@ -69,20 +69,12 @@ class TreeParams:
         """log(min_p): the lowest score a kept node may have (-inf: no floor)."""
         return math.log(self.min_p) if self.min_p > 0 else -math.inf
 
-    def for_cloud(self, max_nodes: int, flat_nodes: int, curve_nodes: int = 0) -> TreeParams:
-        """The params for one session. With ``auto_budget`` the budget becomes
-
-            min(budget, max_nodes, max(AUTO_BUDGET_MIN, want))
-            want = curve_nodes   with ``cost_cut``: the largest tree the cloud's curve measured
-                 = flat_nodes    without: the most nodes verified at about one step's cost
-
-        (0: not measured). The cost cut prices every node on the curve (``rapid.runtime.tree_cut``),
-        so it may go past the flat size where the curve steps: AMX tiles hold 16 rows, T=17..32
-        cost ~1.25 T=16, and a 31-node lookup chain accepted whole in a repetitive text pays for
-        that; past the measured sizes the curve is unknown (T=33 costs 2x there)."""
+    def for_cloud(self, max_nodes: int, flat_nodes: int) -> TreeParams:
+        """The params for one session: with ``auto_budget`` the budget becomes
+        ``min(budget, max_nodes, max(AUTO_BUDGET_MIN, flat_nodes))`` (0 flat nodes: no curve)."""
         if not self.auto_budget:
             return self
-        want = max(AUTO_BUDGET_MIN, flat_nodes, curve_nodes if self.cost_cut else 0)
+        want = max(AUTO_BUDGET_MIN, flat_nodes)
         return replace(self, budget=max(1, min(self.budget, max_nodes, want)))
 
     def __post_init__(self) -> None:

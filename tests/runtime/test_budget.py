@@ -62,15 +62,6 @@ def test_settle_cloud_sizes_an_auto_tree_to_the_flat_curve_and_checks_the_contex
     assert settle_cloud(auto, _ready(capacity=100), 10, 90, False)[1] == 90  # ar sends no nodes
 
 
-def test_settle_cloud_spans_the_measured_curve_under_the_cost_cut():
-    curve = dict(curve_nodes=[0, 3, 7, 15, 16, 23, 31], curve_us=[229, 235, 240, 250, 279, 300, 315])
-    ready = Ready("s", 100, 512, 64, 0, flat_nodes=15, **curve)
-    auto = EdgeConfig(budget="auto").tree()
-    assert settle_cloud(auto, ready, 10, 20, True)[0].budget == 31
-    uncut = EdgeConfig(budget="auto", cost_cut=False).tree()
-    assert settle_cloud(uncut, ready, 10, 20, True)[0].budget == 15
-
-
 def test_an_explicit_budget_over_the_clouds_limit_is_a_limits_error():
     with pytest.raises(CloudError) as e:
         settle_cloud(TreeParams(budget=32), _ready(max_nodes=16), 10, 20, True)

@@ -101,11 +101,6 @@ def test_budget_argument():
     assert auto.for_cloud(64, 500).budget == 64  # the cap
     assert auto.for_cloud(3, 5).budget == 3  # never above the cloud's limit
     assert EdgeConfig(budget=6).tree().for_cloud(64, 20).budget == 6  # an explicit budget is kept
-    # the cost cut (the default) prices every node on the curve: the budget spans what it measured
-    assert auto.cost_cut and auto.for_cloud(64, 15, 31).budget == 31
-    assert auto.for_cloud(20, 15, 31).budget == 20  # still never above the cloud's limit
-    uncut = EdgeConfig(budget="auto", cost_cut=False).tree()
-    assert uncut.for_cloud(64, 15, 31).budget == 15  # without the cut: the flat size
 
 
 def _auto_run(tiny_pair, capacity: int, prompt: list[int], max_new: int):
