@@ -205,12 +205,13 @@ class ReachEstimate:
 class VerifyCurve:
     """Verify seconds by tree nodes: the start-up curve's shape at the verdicts' level (module docstring)."""
 
-    __slots__ = ("alpha", "startup", "measured")
+    __slots__ = ("alpha", "startup", "measured", "_level")
 
     def __init__(self, alpha: float = 0.2) -> None:
         self.alpha = alpha
         self.startup: dict[int, float] = {}  # C: nodes -> seconds, from Ready
         self.measured: dict[int, float] = {}  # M: nodes -> EMA of verdicts' verify_s
+        self._level: tuple[list[int], list[float]] | None = None  # r's points, from C and M; None: stale
 
     def start(self, nodes: list[int], seconds: list[float]) -> None:
         """Replace the start-up curve by the cloud's (ignores negative sizes, non-finite or
@@ -219,6 +220,7 @@ class VerifyCurve:
                if n >= 0 and math.isfinite(s) and s > 0}
         if pts:
             self.startup = dict(sorted(pts.items())[:MAX_POINTS])
+            self._level = None
 
     def observe(self, nodes: int, seconds: float) -> None:
         if nodes < 0 or not math.isfinite(seconds) or seconds <= 0:
@@ -230,6 +232,7 @@ class VerifyCurve:
             self.measured[nodes] = seconds
         else:
             self.measured[nodes] = old + self.alpha * (seconds - old)
+        self._level = None
 
     def predict(self, nodes: float) -> float | None:
         """``V(nodes)``, or None while neither curve has a point."""
@@ -237,14 +240,22 @@ class VerifyCurve:
         if not m or not c:
             v = interpolate(nodes, c or m)
         else:
-            xs = sorted(m)
-            base = [interpolate(n, c) or 0.0 for n in xs]
-            if min(base) <= 0:  # a start-up curve extended below zero: its shape says nothing here
+            xs, level = self._levels()
+            if not level:  # a start-up curve extended below zero: its shape says nothing here
                 v = interpolate(nodes, m)
             else:
-                level = [m[n] / b for n, b in zip(xs, base, strict=True)]
                 v = (interpolate(nodes, c) or 0.0) * interpolate_sorted(min(max(nodes, xs[0]), xs[-1]), xs, level)
         return None if v is None else max(v, 0.0)
+
+    def _levels(self) -> tuple[list[int], list[float]]:
+        """(the measured sizes ascending, r = M / C at each; [] where C is not positive at one),
+        kept until ``start`` or ``observe`` changes C or M: the cut asks ``predict`` for every size."""
+        if self._level is None:
+            xs = sorted(self.measured)
+            base = [interpolate(n, self.startup) or 0.0 for n in xs]
+            level = [] if min(base) <= 0 else [self.measured[n] / b for n, b in zip(xs, base, strict=True)]
+            self._level = (xs, level)
+        return self._level
 
 
 class LinkCost:
